@@ -1,0 +1,55 @@
+"""Typed errors. Every error names the culprit (kernel, argument, pass) and says what to do."""
+
+from __future__ import annotations
+
+
+class KernelLensError(Exception):
+    """Base class of every error kernel_lens raises on purpose."""
+
+
+class UnsupportedKernelError(KernelLensError):
+    """A kernel or one of its arguments is outside what kernel_lens can lift."""
+
+
+class KernelSourceError(KernelLensError):
+    """A kernel's source cannot be retrieved or parsed."""
+
+
+class CaptureError(KernelLensError):
+    """Launch capture during the eager forward failed."""
+
+
+class TraceError(KernelLensError):
+    """The symbolic trace (torch.export) could not express the model."""
+
+
+class RoleInferenceError(KernelLensError):
+    """A tensor parameter's role (input/output/inplace) cannot be proven from the kernel's AST."""
+
+
+class SymbolicError(KernelLensError):
+    """A symbolic expression cannot be represented or printed exactly."""
+
+
+class CompilationError(KernelLensError):
+    """Ahead-of-time compilation of a kernel failed."""
+
+
+class PtxIsaError(KernelLensError):
+    """A PTX module cannot be lowered to the requested PTX ISA version."""
+
+
+class IRError(KernelLensError):
+    """An IR document is malformed, of an incompatible schema version, or breaks an invariant."""
+
+
+class PassError(KernelLensError):
+    """The pass pipeline is ill-formed (unknown pass, missing requirement, cycle)."""
+
+
+class PreconditionError(PassError):
+    """A pass was run on IR that lacks what the pass requires."""
+
+
+class PostconditionError(PassError):
+    """A pass did not provide what it declared."""

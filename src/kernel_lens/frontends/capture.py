@@ -1,0 +1,239 @@
+"""Launch capture: run the model's forward once and record every Triton kernel launch.
+
+On a GPU the kernels run natively; on a CPU-only host each launch is executed by Triton's
+interpreter (no TRITON_INTERPRET needed), so the forward still computes real values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+
+from ..errors import CaptureError, UnsupportedKernelError
+from . import triton_compat as tc
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CapturedLaunch:
+    """One launch as Triton's JIT saw it during the eager forward."""
+
+    jit: Any
+    params: dict[str, Any]
+    specialization: list[tuple[str, Any]]
+    options: dict[str, Any]
+    grid: tuple[int, int, int]
+    autotune_config: Any = None  # triton.Config chosen, if autotuned
+    autotune_choice: str | None = None
+
+
+@dataclass
+class Capture:
+    launches: list[CapturedLaunch] = field(default_factory=list)
+    outputs: Any = None
+    native: bool = False
+
+
+def kernel_name(jit_fn: Any) -> str:
+    return jit_fn.fn.__name__
+
+
+def _normalize_grid(grid: Any, kernel: str, to_int: Callable[[Any], Any]) -> tuple:
+    if isinstance(grid, int) or not isinstance(grid, (tuple, list)):
+        grid = (grid,)
+    if not 1 <= len(grid) <= 3:
+        raise UnsupportedKernelError(f"kernel {kernel}: grid must have 1 to 3 dimensions, got {grid!r}")
+    values = [to_int(g) for g in grid]
+    return tuple(values) + (1,) * (3 - len(values))
+
+
+def _concrete(kernel: str) -> Callable[[Any], int]:
+    def convert(value: Any) -> int:
+        if isinstance(value, torch.Tensor):
+            raise UnsupportedKernelError(
+                f"kernel {kernel}: the grid contains a tensor; grids must be Python ints computed "
+                f"from shapes (tensor-valued grids depend on data and cannot be compiled)"
+            )
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UnsupportedKernelError(f"kernel {kernel}: grid entry {value!r} is not an int")
+        return value
+    return convert
+
+
+def check_arguments(jit_fn: Any, params: dict[str, Any]) -> None:
+    """Reject argument kinds kernel_lens cannot lift, naming the kernel and the argument."""
+    kernel = kernel_name(jit_fn)
+    devices = set()
+    for name, value in params.items():
+        if isinstance(value, torch.Tensor):
+            devices.add(value.device.type)
+            continue
+        if value is None or isinstance(value, (bool, int, float, str)):
+            continue
+        if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+            continue
+        kind = type(value).__name__
+        if kind == "TensorDescriptor":
+            hint = "tensor descriptors (TMA) are not supported yet; pass the pointer and strides"
+        elif isinstance(value, (tuple, list)):
+            hint = "tuple/list arguments are not supported; pass each element as its own argument"
+        elif kind == "dtype" or kind.endswith("JITFunction"):
+            if tc.is_constexpr_param(jit_fn, name):
+                continue
+            hint = "pass it as a tl.constexpr parameter"
+        else:
+            hint = "pass tensors, ints, floats, bools or None"
+        raise UnsupportedKernelError(f"kernel {kernel}: argument {name!r} of type {kind}: {hint}")
+    if len(devices) > 1:
+        raise CaptureError(f"kernel {kernel}: tensor arguments live on different devices {devices}")
+
+
+@contextlib.contextmanager
+def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
+    old = obj.__dict__[name]
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, old)
+
+
+_interpreted: dict[int, Any] = {}
+
+
+def _interpreted_fn(jit_fn: Any) -> Any:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    fn = _interpreted.get(id(jit_fn))
+    if fn is None:
+        fn = _interpreted[id(jit_fn)] = InterpretedFunction(jit_fn.fn)
+    return fn
+
+
+def _call_helper_interpreted(self: Any, *args: Any, **kwargs: Any) -> Any:
+    return _interpreted_fn(self)(*args, **kwargs)
+
+
+def interpret_launch(jit_fn: Any, args: tuple, kwargs: dict, grid: tuple) -> None:
+    """Execute one launch on CPU tensors with Triton's interpreter."""
+    params = {k: v for k, v in kwargs.items() if k in {p.name for p in jit_fn.params}}
+    with _patched(tc.JITFunction, "__call__", _call_helper_interpreted):
+        _interpreted_fn(jit_fn).run(*args, grid=grid, warmup=False, **params)
+
+
+class _Recorder:
+    """Holds the state of one capture while the forward runs with Triton patched."""
+
+    def __init__(self, arch: int, native: bool, autotune: dict[str, dict] | None) -> None:
+        self.arch = arch
+        self.native = native
+        self.autotune = autotune or {}
+        self.launches: list[CapturedLaunch] = []
+        self.benchmarking = 0
+        self.fake_timing = 0
+
+    # JITFunction.run
+    def run(self, orig: Callable, jit_fn: Any, args: tuple, grid: Any, warmup: bool, kwargs: dict) -> Any:
+        if warmup or self.benchmarking:
+            return orig(jit_fn, *args, grid=grid, warmup=warmup, **kwargs)
+        kernel = kernel_name(jit_fn)
+        params = tc.bind_params(jit_fn, args, kwargs)
+        check_arguments(jit_fn, params)
+        _, specialization, options = tc.binder_for(jit_fn, self.arch)(*args, **kwargs)
+        grid_value = grid(params) if callable(grid) else grid
+        concrete = _normalize_grid(grid_value, kernel, _concrete(kernel))
+        if self.native:
+            orig(jit_fn, *args, grid=grid, warmup=False, **kwargs)
+        else:
+            interpret_launch(jit_fn, args, kwargs, concrete)
+        self.launches.append(CapturedLaunch(jit_fn, params, list(specialization), dict(options), concrete))
+        return None
+
+    # Autotuner.run
+    def autotune_run(self, orig: Callable, tuner: Any, args: tuple, kwargs: dict) -> Any:
+        start = len(self.launches)
+        kernel = kernel_name(tuner.base_fn)
+        wanted = self.autotune.get(kernel)
+        if self.native and wanted is None:
+            ret, choice = orig(tuner, *args, **kwargs), "benchmarked"
+        else:
+            if wanted is not None and not any(c.kwargs == wanted for c in tuner.configs):
+                raise CaptureError(
+                    f"kernel {kernel}: autotune override {wanted} matches none of its configs "
+                    f"{[c.kwargs for c in tuner.configs]}"
+                )
+            saved, tuner.cache = tuner.cache, {}
+            self.fake_timing = 0
+            try:
+                ret = orig(tuner, *args, **kwargs)
+            finally:
+                tuner.cache = saved
+            choice = "user" if wanted is not None else "first-config"
+            if choice == "first-config" and len(tuner.configs) > 1:
+                log.warning("kernel %s: no GPU to benchmark @triton.autotune configs; using the "
+                            "first config %s (override with autotune={%r: {...}})",
+                            kernel, tuner.best_config.kwargs, kernel)
+        if len(self.launches) != start + 1:
+            raise CaptureError(f"kernel {kernel}: autotuned launch was not captured exactly once")
+        self.launches[-1].autotune_config = tuner.best_config
+        self.launches[-1].autotune_choice = choice
+        return ret
+
+    # Autotuner._bench
+    def bench(self, orig: Callable, tuner: Any, args: tuple, config: Any, meta: dict) -> Any:
+        wanted = self.autotune.get(kernel_name(tuner.base_fn))
+        if self.native and wanted is None:
+            self.benchmarking += 1
+            try:
+                return orig(tuner, *args, config=config, **meta)
+            finally:
+                self.benchmarking -= 1
+        # No benchmarking here: rank configs so the override (or else the first) wins.
+        if wanted is not None:
+            return [0.0 if config.kwargs == wanted else float("inf")] * 3
+        self.fake_timing += 1
+        return [float(self.fake_timing)] * 3
+
+
+@contextlib.contextmanager
+def recording(recorder: _Recorder) -> Iterator[_Recorder]:
+    orig_run = tc.JITFunction.run
+    orig_tune = tc.Autotuner.run
+    orig_bench = tc.Autotuner._bench
+
+    def run(self, *args, grid, warmup, **kwargs):
+        return recorder.run(orig_run, self, args, grid, warmup, kwargs)
+
+    def tune(self, *args, **kwargs):
+        return recorder.autotune_run(orig_tune, self, args, kwargs)
+
+    def bench(self, *args, config, **meta):
+        return recorder.bench(orig_bench, self, args, config, meta)
+
+    with _patched(tc.JITFunction, "run", run), _patched(tc.Autotuner, "run", tune), \
+            _patched(tc.Autotuner, "_bench", bench):
+        yield recorder
+
+
+def _devices(inputs: tuple) -> set[str]:
+    return {t.device.type for t in inputs if isinstance(t, torch.Tensor)}
+
+
+def capture(model: Callable, example_inputs: tuple, arch: int,
+            autotune: dict[str, dict] | None = None) -> Capture:
+    """Run ``model(*example_inputs)`` once, recording every Triton launch in program order."""
+    devices = _devices(example_inputs)
+    native = "cuda" in devices
+    if native and devices != {"cuda"}:
+        raise CaptureError(f"example inputs mix devices {devices}; put them all on one device")
+    recorder = _Recorder(arch, native, autotune)
+    with recording(recorder), torch.no_grad():
+        outputs = model(*example_inputs)
+    if not recorder.launches:
+        raise CaptureError("the forward launched no @triton.jit kernel; nothing to compile")
+    return Capture(recorder.launches, outputs, native)

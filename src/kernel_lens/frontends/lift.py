@@ -1,0 +1,351 @@
+"""Lift a model into GraphIR: capture + symbolic trace + AOT compile, joined launch by launch."""
+
+from __future__ import annotations
+
+import hashlib
+import keyword
+import logging
+import operator
+from typing import Any, Callable
+
+import sympy
+import torch
+from torch.export.graph_signature import InputKind
+
+from ..errors import CaptureError, TraceError, UnsupportedKernelError
+from ..ir import (CompileOptions, ConstantData, ConstArg, GraphIR, KernelIR, KernelParam, Launch,
+                  LaunchArg, ListArg, ParamKind, Role, SymArg, SymbolInfo, TensorValue, TorchOp,
+                  ValueArg, format_expr, symbol)
+from ..ir.symbolic import to_plain_sympy
+from ..ir.kernel import Specialization
+from ..ir.types import dtype_from_torch, dtype_from_triton, DType
+from .aot import compile_binary
+from .capture import CapturedLaunch, capture, kernel_name
+from .source import describe_kernel
+from .trace import LAUNCH_OP, TracedLaunch, trace
+
+log = logging.getLogger(__name__)
+
+_OPTION_DEFAULTS = {"num_warps": 4, "num_stages": 3, "num_ctas": 1}
+_RESERVED = set(dir(sympy)) | set(keyword.kwlist)
+
+
+def default_arch() -> int:
+    """The local GPU's compute capability, or 90 (H100/H200) on a host without one."""
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        return major * 10 + minor
+    return 90
+
+
+# --- kernels ---------------------------------------------------------------------------------
+def _kernel_params(launch: CapturedLaunch) -> tuple[list[KernelParam], dict[str, Specialization]]:
+    kernel = kernel_name(launch.jit)
+    params, specs = [], {}
+    for i, (p, (ty, key)) in enumerate(zip(launch.jit.params, launch.specialization)):
+        value = launch.params[p.name]
+        if p.is_constexpr or (ty == "constexpr" and value is None):
+            if not (value is None or isinstance(value, (bool, int, float, str))):
+                raise UnsupportedKernelError(
+                    f"kernel {kernel}: constexpr {p.name!r} has value {value!r} of type "
+                    f"{type(value).__name__}; kernel_lens supports int, float, bool, str and None")
+            params.append(KernelParam(name=p.name, index=i, kind=ParamKind.constexpr,
+                                      constexpr_value=value))
+        elif ty == "constexpr":  # an int argument equal to 1, folded by Triton's JIT
+            params.append(KernelParam(name=p.name, index=i, kind=ParamKind.scalar, dtype=DType.i32))
+            specs[p.name] = Specialization(equal_to_1=True, int32=True)
+        elif ty.startswith("*"):
+            params.append(KernelParam(name=p.name, index=i, kind=ParamKind.tensor,
+                                      dtype=dtype_from_triton(ty)))
+            specs[p.name] = Specialization(aligned16=key == "D")
+        else:
+            dtype = dtype_from_triton(ty)
+            params.append(KernelParam(name=p.name, index=i, kind=ParamKind.scalar, dtype=dtype))
+            if not (dtype.is_float or dtype == DType.i1):
+                specs[p.name] = Specialization(divisible16=key == "D", int32=dtype == DType.i32)
+    return params, specs
+
+
+def _options(launch: CapturedLaunch) -> CompileOptions:
+    opts = dict(launch.options)
+    config = launch.autotune_config
+    if config is not None:
+        opts.update(config.all_kwargs())
+        for name in config.kwargs:
+            opts.pop(name, None)
+    extra = {k: v for k, v in opts.items() if k not in _OPTION_DEFAULTS and v is not None}
+    return CompileOptions(
+        num_warps=opts.get("num_warps", 4), num_stages=opts.get("num_stages", 3),
+        num_ctas=opts.get("num_ctas", 1), extra=extra,
+        autotune_config=dict(config.kwargs) if config is not None else None,
+        autotune_choice=launch.autotune_choice,
+    )
+
+
+def _kernel_key(launch: CapturedLaunch, options: CompileOptions) -> tuple:
+    return (id(launch.jit), repr(launch.specialization), options.model_dump_json())
+
+
+def build_kernels(captured: list[CapturedLaunch]) -> tuple[dict[str, KernelIR], list[str]]:
+    """One KernelIR per distinct (kernel, specialization, options); the kernel id per launch."""
+    by_key: dict[tuple, KernelIR] = {}
+    order: list[tuple] = []
+    for launch in captured:
+        options = _options(launch)
+        key = _kernel_key(launch, options)
+        order.append(key)
+        if key in by_key:
+            continue
+        name = kernel_name(launch.jit)
+        source, helpers = describe_kernel(launch.jit, name)
+        params, specs = _kernel_params(launch)
+        digest = hashlib.sha256(repr((source.qualname, key[1:])).encode()).hexdigest()[:8]
+        by_key[key] = KernelIR(id=f"{name}_{digest}", name=name, source=source, helpers=helpers,
+                               params=params, specialization=specs, options=options)
+    counts: dict[str, int] = {}
+    for k in by_key.values():
+        counts[k.name] = counts.get(k.name, 0) + 1
+    for k in by_key.values():  # readable ids where the name alone is unique
+        if counts[k.name] == 1:
+            k.id = k.name
+    return {k.id: k for k in by_key.values()}, [by_key[key].id for key in order]
+
+
+def apply_role_overrides(kernels: dict[str, KernelIR], roles: dict[str, dict[str, str]]) -> None:
+    for kname, mapping in roles.items():
+        matches = [k for k in kernels.values() if k.name == kname or k.id == kname]
+        if not matches:
+            raise UnsupportedKernelError(f"roles override names kernel {kname!r}, which the model "
+                                         f"does not launch; launched: {sorted(kernels)}")
+        for k in matches:
+            for pname, role in mapping.items():
+                try:
+                    param = k.param(pname)
+                except KeyError as exc:
+                    raise UnsupportedKernelError(f"roles override: {exc.args[0]}") from None
+                if param.kind != ParamKind.tensor:
+                    raise UnsupportedKernelError(f"roles override: kernel {kname} parameter "
+                                                 f"{pname!r} is not a tensor")
+                param.role, param.role_source = Role(role), "override"
+
+
+# --- symbols and expressions -------------------------------------------------------------------
+class _Symbols:
+    """Maps torch's shape symbols to IR symbols tied to (graph input, dim)."""
+
+    def __init__(self, program: torch.export.ExportedProgram, user_inputs: list[torch.fx.Node],
+                 dynamic_shapes: Any) -> None:
+        self.table: dict[str, SymbolInfo] = {}
+        self.rename: dict[sympy.Symbol, sympy.Symbol] = {}
+        ranges = {str(k): v for k, v in program.range_constraints.items()}
+        for i, node in enumerate(user_inputs):
+            val = node.meta["val"]
+            for d, size in enumerate(val.shape):
+                if not isinstance(size, torch.SymInt):
+                    continue
+                expr = size.node.shape_env.replace(size.node.expr)
+                if not isinstance(expr, sympy.Symbol) or expr in self.rename:
+                    continue
+                name = self._name(_dim_name(dynamic_shapes, i, d), len(self.table))
+                vr = ranges.get(str(expr))
+                lower = int(vr.lower) if vr is not None and vr.lower.is_finite else 0
+                upper = int(vr.upper) if vr is not None and vr.upper.is_finite else None
+                self.rename[sympy.Symbol(expr.name, integer=True, nonnegative=True)] = symbol(name)
+                self.rename[expr] = symbol(name)
+                self.table[name] = SymbolInfo(input=i, dim=d, min=lower, max=upper)
+
+    def _name(self, preferred: str | None, index: int) -> str:
+        if preferred and preferred.isidentifier() and preferred not in _RESERVED \
+                and preferred not in self.table:
+            return preferred
+        return f"s{index}"
+
+    def expr(self, value: Any, what: str) -> str:
+        if isinstance(value, bool):
+            raise TraceError(f"{what}: expected an integer, got bool {value}")
+        if isinstance(value, int):
+            return str(value)
+        if isinstance(value, torch.SymInt):
+            raw = value.node.shape_env.replace(value.node.expr)
+            plain = to_plain_sympy(raw)
+            plain = plain.xreplace({s: self.rename.get(s, self.rename.get(
+                sympy.Symbol(s.name, integer=True, nonnegative=True), s)) for s in plain.free_symbols})
+            unknown = {s.name for s in plain.free_symbols} - set(self.table)
+            if unknown:
+                raise TraceError(f"{what} = {raw} uses sizes {sorted(unknown)} that are not a "
+                                 f"dimension of any graph input (data-dependent or derived); "
+                                 f"kernel_lens needs every size to be a graph-input dimension")
+            return format_expr(plain)
+        raise TraceError(f"{what}: {value!r} is not an integer size")
+
+
+def _dim_name(dynamic_shapes: Any, i: int, d: int) -> str | None:
+    if dynamic_shapes is None:
+        return None
+    spec = dynamic_shapes
+    if isinstance(spec, dict):
+        spec = list(spec.values())
+    if i >= len(spec) or spec[i] is None:
+        return None
+    entry = spec[i]
+    dim = entry.get(d) if isinstance(entry, dict) else entry[d] if d < len(entry) else None
+    return getattr(dim, "__name__", None)
+
+
+# --- graph ---------------------------------------------------------------------------------
+def _tensor_value(name: str, val: torch.Tensor, kind: str, syms: _Symbols) -> TensorValue:
+    return TensorValue(
+        name=name, dtype=dtype_from_torch(val.dtype), kind=kind,
+        shape=[syms.expr(s, f"size {i} of {name}") for i, s in enumerate(val.shape)],
+        strides=[syms.expr(s, f"stride {i} of {name}") for i, s in enumerate(val.stride())],
+    )
+
+
+def _constant(t: torch.Tensor) -> ConstantData:
+    t = t.detach().contiguous().cpu()
+    return ConstantData(dtype=dtype_from_torch(t.dtype), shape=list(t.shape),
+                        data=t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+
+
+_SKIP_OPS = ("_assert", "sym_constrain", "_check")
+
+
+class _GraphBuilder:
+    def __init__(self, program, traced: list[TracedLaunch], captured: list[CapturedLaunch],
+                 kernels: dict[str, KernelIR], launch_kernels: list[str], dynamic_shapes: Any):
+        self.program = program
+        self.traced, self.captured = traced, captured
+        self.kernels, self.launch_kernels = kernels, launch_kernels
+        self.values: dict[str, TensorValue] = {}
+        self.constants: dict[str, ConstantData] = {}
+        self.alias: dict[str, str] = {}
+        self.ops: list[TorchOp] = []
+        self.launches: list[Launch] = []
+        sig = program.graph_signature
+        placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+        self.user_inputs = [placeholders[s.arg.name] for s in sig.input_specs
+                            if s.kind == InputKind.USER_INPUT]
+        self.syms = _Symbols(program, self.user_inputs, dynamic_shapes)
+        state = {**program.state_dict, **program.constants}
+        for s in sig.input_specs:
+            node = placeholders[s.arg.name]
+            if s.kind == InputKind.USER_INPUT:
+                if not isinstance(node.meta.get("val"), torch.Tensor):
+                    raise UnsupportedKernelError(f"graph input {node.name!r} is not a tensor; "
+                                                 f"pass only tensors to the model")
+                self.values[node.name] = _tensor_value(node.name, node.meta["val"], "input", self.syms)
+            else:
+                self.values[node.name] = _tensor_value(node.name, node.meta["val"], "constant", self.syms)
+                self.constants[node.name] = _constant(state[s.target])
+
+    def arg(self, a: Any) -> Any:
+        if isinstance(a, torch.fx.Node):
+            val = a.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                return ValueArg(ref=self.alias.get(a.name, a.name))
+            if isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool):
+                return SymArg(sym=self.syms.expr(val, f"value {a.name}"))
+            raise UnsupportedKernelError(f"torch value {a.name} of type {type(val).__name__} "
+                                         f"cannot be represented in the IR")
+        if isinstance(a, (list, tuple)):
+            return ListArg(items=[self.arg(x) for x in a])
+        if a is None or isinstance(a, (bool, int, float, str)):
+            return ConstArg(const=a)
+        if isinstance(a, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+            return ConstArg(const=str(a))
+        raise UnsupportedKernelError(f"torch op argument {a!r} of type {type(a).__name__} "
+                                     f"cannot be represented in the IR")
+
+    def build(self) -> tuple[list[str], list[str]]:
+        order = 0
+        for node in self.program.graph.nodes:
+            if node.op != "call_function":
+                continue
+            val = node.meta.get("val")
+            if node.target is LAUNCH_OP:
+                self.launches.append(self.launch(node, order))
+            elif node.target is operator.getitem:
+                self.alias[node.name] = f"{self.alias.get(node.args[0].name, node.args[0].name)}_{node.args[1]}"
+                continue
+            elif any(s in str(node.target) for s in _SKIP_OPS) or isinstance(val, (torch.SymInt, torch.SymBool, int, bool)):
+                continue
+            else:
+                self.ops.append(self.torch_op(node, order, val))
+            order += 1
+        out_node = next(n for n in self.program.graph.nodes if n.op == "output")
+        outputs = []
+        for o in out_node.args[0]:
+            if not isinstance(o, torch.fx.Node) or not isinstance(o.meta.get("val"), torch.Tensor):
+                raise UnsupportedKernelError(f"model output {o!r} is not a tensor; return tensors only")
+            outputs.append(self.alias.get(o.name, o.name))
+        return [n.name for n in self.user_inputs], outputs
+
+    def torch_op(self, node: torch.fx.Node, order: int, val: Any) -> TorchOp:
+        vals = val if isinstance(val, (list, tuple)) else [val]
+        names = [node.name] if not isinstance(val, (list, tuple)) else \
+            [f"{node.name}_{i}" for i in range(len(vals))]
+        outputs = []
+        for name, v in zip(names, vals):
+            if isinstance(v, torch.Tensor):
+                self.values[name] = _tensor_value(name, v, "intermediate", self.syms)
+                outputs.append(name)
+        return TorchOp(order=order, op=_op_name(node.target),
+                       args=[self.arg(a) for a in node.args],
+                       kwargs={k: self.arg(v) for k, v in node.kwargs.items()}, outputs=outputs)
+
+    def launch(self, node: torch.fx.Node, order: int) -> Launch:
+        index = node.args[0]
+        traced, captured = self.traced[index], self.captured[index]
+        kernel = self.kernels[self.launch_kernels[index]]
+        tensor_nodes = iter(node.args[1])
+        args = []
+        for p in kernel.params:
+            value = traced.args[p.name]
+            what = f"kernel {kernel.name} argument {p.name!r}"
+            if isinstance(value, torch.Tensor):
+                ref = next(tensor_nodes)
+                args.append(LaunchArg(
+                    name=p.name, role=p.role.value if p.role else None,
+                    value=self.alias.get(ref.name, ref.name),
+                    shape=[self.syms.expr(s, what) for s in value.shape],
+                    strides=[self.syms.expr(s, what) for s in value.stride()],
+                    storage_offset=self.syms.expr(value.storage_offset(), what)))
+            elif p.kind == ParamKind.constexpr:
+                args.append(LaunchArg(name=p.name, role="constexpr", constant=p.constexpr_value))
+            elif isinstance(value, (torch.SymInt, int)) and not isinstance(value, bool):
+                args.append(LaunchArg(name=p.name, role="scalar", expr=self.syms.expr(value, what)))
+            else:
+                args.append(LaunchArg(name=p.name, role="scalar", constant=value))
+        grid = tuple(self.syms.expr(g, f"kernel {kernel.name} grid[{i}]")
+                     for i, g in enumerate(traced.grid))
+        return Launch(order=order, kernel=kernel.id, grid=grid, args=args,
+                      captured_grid=captured.grid)
+
+
+def _op_name(target: Any) -> str:
+    name = str(target)
+    return name.removeprefix("torch.ops.")
+
+
+# --- entry point ----------------------------------------------------------------------------
+def lift(model: Callable, example_inputs: tuple, *, dynamic_shapes: Any = None,
+         arch: int | None = None, roles: dict[str, dict[str, str]] | None = None,
+         autotune: dict[str, dict] | None = None, name: str | None = None) -> GraphIR:
+    """Capture, trace and compile ``model``: the front half of kernel_lens, ending in GraphIR."""
+    if not isinstance(example_inputs, (tuple, list)):
+        raise CaptureError("example_inputs must be a tuple of tensors")
+    arch = arch or default_arch()
+    captured = capture(model, tuple(example_inputs), arch, autotune)
+    program, traced = trace(model, tuple(example_inputs), dynamic_shapes, captured.launches)
+    kernels, launch_kernels = build_kernels(captured.launches)
+    apply_role_overrides(kernels, roles or {})
+    builder = _GraphBuilder(program, traced, captured.launches, kernels, launch_kernels,
+                            dynamic_shapes)
+    inputs, outputs = builder.build()
+    for kernel in kernels.values():
+        kernel.binaries.append(compile_binary(kernel, arch, kernel.specialization, specialized=True))
+    return GraphIR(
+        name=name or type(model).__name__, arch=arch, symbols=builder.syms.table, inputs=inputs,
+        outputs=outputs, values=builder.values, constants=builder.constants, ops=builder.ops,
+        launches=builder.launches, kernels=kernels,
+    )

@@ -1,0 +1,174 @@
+"""Symbolic trace: torch.export (non-strict) with every Triton launch recorded symbolically.
+
+While torch.export runs the forward on fake tensors with symbolic sizes, each
+``kernel[grid](...)`` call is intercepted: its grid and shape-derived scalars are read off as
+sympy expressions, and a ``kernel_lens::launch`` node marks it in the exported graph so the
+launch keeps its place among the torch ops and its tensor arguments bind to graph values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, List
+
+import torch
+
+from ..errors import KernelLensError, TraceError, UnsupportedKernelError
+from . import triton_compat as tc
+from .capture import CapturedLaunch, _normalize_grid, _patched, check_arguments, kernel_name
+
+
+@torch.library.custom_op("kernel_lens::launch", mutates_args=("tensors",))
+def _launch_marker(launch_id: int, tensors: List[torch.Tensor]) -> None:
+    """Marks a Triton launch in an exported graph; it is never executed."""
+    raise RuntimeError("kernel_lens::launch is a trace-only marker and cannot run")
+
+
+@_launch_marker.register_fake
+def _(launch_id: int, tensors: List[torch.Tensor]) -> None:
+    return None
+
+
+LAUNCH_OP = torch.ops.kernel_lens.launch.default
+
+
+@dataclass
+class TracedLaunch:
+    """A launch seen during the symbolic trace: torch sympy expressions, not yet canonical."""
+
+    grid: tuple
+    args: dict[str, Any]  # param name -> SymInt/int/float/bool/None/FakeTensor
+
+
+class _Tracer:
+    def __init__(self, captured: list[CapturedLaunch]) -> None:
+        self.captured = captured
+        self.launches: list[TracedLaunch] = []
+
+    def _expect(self, jit_fn: Any) -> CapturedLaunch:
+        index = len(self.launches)
+        kernel = kernel_name(jit_fn)
+        if index >= len(self.captured) or self.captured[index].jit is not jit_fn:
+            seen = kernel_name(self.captured[index].jit) if index < len(self.captured) else "none"
+            raise TraceError(
+                f"launch #{index} is kernel {kernel} under torch.export but was {seen} in the eager "
+                f"forward: the sequence of launches depends on tensor values or on sizes; make "
+                f"the forward launch the same kernels for every input in the declared ranges"
+            )
+        return self.captured[index]
+
+    def run(self, jit_fn: Any, args: tuple, grid: Any, kwargs: dict) -> None:
+        captured = self._expect(jit_fn)
+        kernel = kernel_name(jit_fn)
+        params = tc.bind_params(jit_fn, args, kwargs)
+        check_arguments(jit_fn, params)
+        for p in jit_fn.params:
+            value = params[p.name]
+            if p.is_constexpr:
+                if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                    raise TraceError(
+                        f"kernel {kernel}: constexpr {p.name!r} = {value} depends on a dynamic "
+                        f"dimension; a constexpr is baked into the binary, so compute it from "
+                        f"static sizes or mark that dimension static"
+                    )
+                if value != captured.params[p.name]:
+                    raise TraceError(f"kernel {kernel}: constexpr {p.name!r} differs between eager "
+                                     f"({captured.params[p.name]}) and trace ({value})")
+            elif isinstance(value, torch.Tensor) and isinstance(captured.params[p.name], torch.Tensor):
+                continue
+            elif isinstance(value, (torch.SymFloat, torch.SymBool)):
+                raise UnsupportedKernelError(
+                    f"kernel {kernel}: scalar {p.name!r} is a symbolic float/bool ({value}); only "
+                    f"integer scalars may depend on dynamic dimensions"
+                )
+        try:
+            grid_value = grid(params) if callable(grid) else grid
+        except KernelLensError:
+            raise
+        except Exception as exc:  # torch raises several kinds for data-dependent grids
+            raise TraceError(f"kernel {kernel}: its grid cannot be traced symbolically: "
+                             f"{_first_line(exc)}; grids must depend on sizes only, not on "
+                             f"tensor values") from exc
+        sym_grid = _normalize_grid(grid_value, kernel, lambda g: _grid_entry(g, kernel))
+        tensors = [v for v in params.values() if isinstance(v, torch.Tensor)]
+        self.launches.append(TracedLaunch(sym_grid, params))
+        LAUNCH_OP(len(self.launches) - 1, tensors)
+
+    def autotune_run(self, tuner: Any, args: tuple, kwargs: dict) -> Any:
+        captured = self._expect(tuner.base_fn)
+        config = captured.autotune_config
+        if config.pre_hook is not None:
+            config.pre_hook({**dict(zip(tuner.arg_names, args)), **kwargs, **config.all_kwargs()})
+        return tuner.fn.run(*args, **kwargs, **config.all_kwargs())
+
+
+def _grid_entry(value: Any, kernel: str) -> Any:
+    if isinstance(value, torch.Tensor):
+        raise UnsupportedKernelError(f"kernel {kernel}: the grid contains a tensor; grids must be "
+                                     f"ints computed from shapes, not from tensor values")
+    if isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool):
+        return value
+    raise UnsupportedKernelError(f"kernel {kernel}: grid entry {value!r} is not an int")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+@contextlib.contextmanager
+def _tracing(tracer: _Tracer) -> Iterator[None]:
+    def run(self, *args, grid, warmup, **kwargs):
+        if warmup:
+            return None
+        return tracer.run(self, args, grid, kwargs)
+
+    def tune(self, *args, **kwargs):
+        return tracer.autotune_run(self, args, kwargs)
+
+    with _patched(tc.JITFunction, "run", run), _patched(tc.Autotuner, "run", tune):
+        yield
+
+
+class _Wrapper(torch.nn.Module):
+    def __init__(self, fn: Callable) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+def trace(model: Callable, example_inputs: tuple, dynamic_shapes: Any,
+          captured: list[CapturedLaunch]) -> tuple[torch.export.ExportedProgram, list[TracedLaunch]]:
+    """Export ``model`` with the user's dynamic dims; returns the program and the launches."""
+    module = model if isinstance(model, torch.nn.Module) else _Wrapper(model)
+    tracer = _Tracer(captured)
+    try:
+        with _tracing(tracer):
+            program = torch.export.export(module, tuple(example_inputs),
+                                          dynamic_shapes=dynamic_shapes, strict=False)
+    except KernelLensError:
+        raise
+    except Exception as exc:
+        raise TraceError(_explain(exc)) from exc
+    if len(tracer.launches) != len(captured):
+        raise TraceError(f"the eager forward launched {len(captured)} kernels but torch.export saw "
+                         f"{len(tracer.launches)}; the launches depend on tensor values")
+    return program, tracer.launches
+
+
+def _explain(exc: BaseException) -> str:
+    text = str(exc).strip()
+    name = type(exc).__name__
+    if "data-dependent" in text or "DataDependent" in name or "GuardOnDataDependent" in name:
+        hint = ("Python control flow, a grid or a scalar depends on tensor values; kernel_lens "
+                "can only compile forwards whose launches depend on sizes")
+    elif "Constraints violated" in text or "ConstraintViolation" in name or "specialized" in text:
+        hint = ("the model cannot be traced over the declared dynamic range; narrow the Dim "
+                "min/max (sizes 0 and 1 are specialized by torch.export) or mark the dim static")
+    else:
+        hint = "torch.export could not trace the forward"
+    detail = "\n".join(text.splitlines()[:12])
+    return f"{hint}.\n{name}: {detail}"

@@ -1,0 +1,180 @@
+"""GraphIR: the whole captured model — inputs, symbols, torch ops, kernel launches, kernels.
+
+This document is the only contract between front-ends, passes and targets.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ..errors import IRError
+from .kernel import Base64Bytes, KernelIR
+from .symbolic import SymbolInfo, SymExpr, parse
+from .types import DType
+
+SCHEMA_VERSION = "1.0"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TensorValue(_Model):
+    """A tensor flowing through the graph: a graph input, a weight, or an intermediate."""
+
+    name: str
+    dtype: DType
+    shape: list[SymExpr]
+    strides: list[SymExpr]
+    kind: Literal["input", "constant", "intermediate"]
+
+
+class ConstantData(_Model):
+    """Raw contents of a weight or buffer the model owns (little-endian, row-major)."""
+
+    dtype: DType
+    shape: list[int]
+    data: Base64Bytes
+
+
+# Arguments of torch ops: references to tensors, symbolic ints, constants, lists of those.
+class ValueArg(_Model):
+    ref: str
+
+
+class SymArg(_Model):
+    sym: SymExpr
+
+
+class ConstArg(_Model):
+    const: Union[bool, int, float, str, None]
+
+
+class ListArg(_Model):
+    items: list["OpArg"]
+
+
+OpArg = Union[ValueArg, SymArg, ConstArg, ListArg]
+ListArg.model_rebuild()
+
+
+class TorchOp(_Model):
+    """A PyTorch (ATen) operation between kernel launches, as torch.export recorded it."""
+
+    order: int = Field(description="position in program order, shared with launches")
+    op: str = Field(description="ATen overload, e.g. 'aten.empty_like.default'")
+    args: list[OpArg] = Field(default_factory=list)
+    kwargs: dict[str, OpArg] = Field(default_factory=dict)
+    outputs: list[str] = Field(description="names of the tensors it produces")
+
+
+ArgRole = Literal["input", "output", "inplace", "scalar", "constexpr"]
+
+
+class LaunchArg(_Model):
+    """How one kernel parameter is bound at one launch."""
+
+    name: str
+    role: ArgRole | None = Field(description="None only before role inference")
+    value: str | None = Field(default=None, description="tensor parameters: the tensor's name")
+    expr: SymExpr | None = Field(
+        default=None, description="integer scalars: the value as an expression of graph dims"
+    )
+    constant: Union[bool, int, float, str, None] = Field(
+        default=None, description="float/bool scalars and constexprs: the value"
+    )
+    shape: list[SymExpr] | None = Field(default=None, description="tensors: shape at the launch")
+    strides: list[SymExpr] | None = Field(default=None, description="tensors: strides, in elements")
+    storage_offset: SymExpr | None = Field(default=None, description="tensors: offset, in elements")
+
+
+class Launch(_Model):
+    """One kernel launch, in program order."""
+
+    order: int = Field(description="position in program order, shared with torch ops")
+    kernel: str = Field(description="key into GraphIR.kernels")
+    grid: tuple[SymExpr, SymExpr, SymExpr]
+    args: list[LaunchArg] = Field(description="one per kernel parameter, in signature order")
+    captured_grid: tuple[int, int, int] = Field(description="the grid seen during capture")
+
+
+class GraphIR(_Model):
+    """A model whose forward launches Triton kernels, lifted into data."""
+
+    schema_version: str = SCHEMA_VERSION
+    name: str
+    arch: int = Field(description="compute capability the kernels were compiled for")
+    symbols: dict[str, SymbolInfo] = Field(
+        default_factory=dict, description="dimension symbol -> which graph input and dim it is"
+    )
+    inputs: list[str] = Field(description="graph inputs, by value name, in call order")
+    outputs: list[str] = Field(description="graph outputs, by value name, in return order")
+    values: dict[str, TensorValue] = Field(default_factory=dict)
+    constants: dict[str, ConstantData] = Field(default_factory=dict)
+    ops: list[TorchOp] = Field(default_factory=list)
+    launches: list[Launch] = Field(default_factory=list)
+    kernels: dict[str, KernelIR] = Field(default_factory=dict)
+    passes_run: list[str] = Field(default_factory=list, description="passes applied, in order")
+
+    @model_validator(mode="after")
+    def _references_resolve(self) -> "GraphIR":
+        names = set(self.symbols)
+        for name in [*self.inputs, *self.outputs]:
+            if name not in self.values:
+                raise ValueError(f"graph input/output {name!r} is not a known value")
+        for launch in self.launches:
+            if launch.kernel not in self.kernels:
+                raise ValueError(f"launch {launch.order} refers to unknown kernel {launch.kernel!r}")
+            for text in launch.grid:
+                unknown = {s.name for s in parse(text).free_symbols} - names
+                if unknown:
+                    raise ValueError(f"launch {launch.order}: grid uses undeclared symbols {unknown}")
+        return self
+
+    # --- convenience -------------------------------------------------------------------------
+    def nodes(self) -> list[Union[TorchOp, Launch]]:
+        """Torch ops and launches merged in program order."""
+        return sorted([*self.ops, *self.launches], key=lambda n: n.order)
+
+    def symbol_names(self) -> list[str]:
+        return list(self.symbols)
+
+    # --- JSON I/O ----------------------------------------------------------------------------
+    def to_json(self, indent: int | None = 1) -> str:
+        return self.model_dump_json(indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str) -> "GraphIR":
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise IRError(f"IR is not valid JSON: {exc}") from None
+        version = str(raw.get("schema_version", "")) if isinstance(raw, dict) else ""
+        if version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
+            raise IRError(
+                f"IR schema version {version or '(missing)'} is not compatible with this "
+                f"kernel_lens (schema {SCHEMA_VERSION}); regenerate the IR with this version"
+            )
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as exc:
+            raise IRError(f"IR document is invalid:\n{exc}") from None
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(self.to_json())
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "GraphIR":
+        return cls.from_json(Path(path).read_text())
+
+
+def json_schema() -> dict:
+    return GraphIR.model_json_schema()

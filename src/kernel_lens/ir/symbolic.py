@@ -1,0 +1,115 @@
+"""Symbolic integer expressions: sympy inside, strings in the IR.
+
+Every symbol is a non-negative integer standing for one dimension of one graph input; the
+graph's symbol table says which. Expressions are stored as sympy's own ``str`` form, so any
+tool can read them back with ``sympy.sympify`` (see :func:`parse`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Iterable, Mapping
+
+import sympy
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from ..errors import SymbolicError
+
+
+def symbol(name: str) -> sympy.Symbol:
+    """The canonical symbol for a dimension: an integer that is never negative."""
+    return sympy.Symbol(name, integer=True, nonnegative=True)
+
+
+_PARSE_GLOBALS: dict = {}
+exec("from sympy import *", _PARSE_GLOBALS)  # the namespace sympify uses, made once
+
+
+def parse(text: str, names: Iterable[str] | None = None) -> sympy.Expr:
+    """Parse an IR expression string. Free names become dimension symbols."""
+    try:
+        expr = sympy.sympify(text, locals={n: symbol(n) for n in (names or ())})
+    except (sympy.SympifyError, SyntaxError, TypeError) as exc:
+        raise SymbolicError(f"cannot parse symbolic expression {text!r}: {exc}") from None
+    # Re-bind any free symbol that sympify created without our assumptions.
+    fix = {s: symbol(s.name) for s in expr.free_symbols if s != symbol(s.name)}
+    return expr.xreplace(fix) if fix else expr
+
+
+def format_expr(expr: sympy.Expr | int) -> str:
+    return str(sympy.sympify(expr))
+
+
+def _check(text: str) -> str:
+    parse(text)
+    return text
+
+
+SymExpr = Annotated[str, AfterValidator(_check)]
+"""An integer-valued sympy expression over dimension symbols, in sympy's string syntax."""
+
+
+def to_plain_sympy(expr: object) -> sympy.Expr:
+    """Rewrite torch's symbolic-shape functions (FloorDiv, ModularIndexing, ...) into plain sympy.
+
+    torch.export hands us sympy expressions that use torch's own function classes; the IR must
+    be readable with sympy alone, so those become floor/ceiling/Mod/Min/Max/Pow.
+    """
+    if isinstance(expr, (int, bool)):
+        return sympy.Integer(int(expr))
+    if not isinstance(expr, sympy.Basic):
+        raise SymbolicError(f"not a symbolic integer: {expr!r}")
+    if expr.is_Atom:
+        if isinstance(expr, sympy.Symbol):
+            return symbol(expr.name)
+        if expr.is_Integer:
+            return expr
+        raise SymbolicError(f"non-integer constant {expr} in a shape expression")
+    args = [to_plain_sympy(a) for a in expr.args]
+    name = type(expr).__name__
+    if name in ("FloorDiv", "CleanDiv", "IntTrueDiv") or (name == "FloorToInt" and len(args) == 1):
+        if len(args) == 1:
+            return sympy.floor(args[0])
+        return sympy.floor(args[0] / args[1])
+    if name in ("CeilDiv",):
+        return sympy.ceiling(args[0] / args[1])
+    if name == "CeilToInt":
+        return sympy.ceiling(args[0])
+    if name in ("PythonMod", "Mod"):
+        return sympy.Mod(args[0], args[1])
+    if name == "ModularIndexing":
+        return sympy.Mod(sympy.floor(args[0] / args[1]), args[2])
+    if name in ("Min",):
+        return sympy.Min(*args)
+    if name in ("Max",):
+        return sympy.Max(*args)
+    if name in ("PowByNatural", "Pow"):
+        return sympy.Pow(args[0], args[1])
+    if name == "Identity":
+        return args[0]
+    if name in ("Add", "Mul", "floor", "ceiling"):
+        return expr.func(*args)
+    raise SymbolicError(
+        f"symbolic function {name} in {expr} has no exact integer meaning kernel_lens supports"
+    )
+
+
+def evaluate(expr: sympy.Expr, values: Mapping[str, int]) -> int:
+    """Exact integer value of an expression at the given symbol values."""
+    sub = {s: sympy.Integer(values[s.name]) for s in expr.free_symbols}
+    out = expr.xreplace(sub)
+    if not out.is_Integer:
+        out = sympy.simplify(out)
+    if not out.is_Integer:
+        raise SymbolicError(f"{expr} is not an integer at {dict(values)}: {out}")
+    return int(out)
+
+
+class SymbolInfo(BaseModel):
+    """Where a dimension symbol comes from at run time, and the range it was declared with."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input: int = Field(description="index of the graph input whose shape holds this symbol")
+    dim: int = Field(description="dimension of that input")
+    min: int = Field(ge=0, description="smallest value declared (inclusive)")
+    max: int | None = Field(default=None, description="largest value declared; None: unbounded")
