@@ -1,0 +1,35 @@
+"""kernel_lens: compile PyTorch models with custom Triton kernels for ONNX Runtime and TensorRT.
+
+Public API: :func:`compile`, :class:`CompiledModel`, :class:`PassManager`, :class:`Pass`,
+the IR (:mod:`kernel_lens.ir`) and the typed errors (:mod:`kernel_lens.errors`).
+"""
+
+from importlib.metadata import PackageNotFoundError, version as _version
+
+from .errors import KernelLensError
+
+try:
+    __version__ = _version("kernel_lens")
+except PackageNotFoundError:  # running from a source tree
+    __version__ = "0.0.0+source"
+
+
+def __getattr__(name: str):
+    # Heavy imports (torch, triton) only when the API is used, so `--version` stays instant.
+    if name in ("compile", "CompiledModel"):
+        from . import compiler
+        return getattr(compiler, name)
+    if name == "lift":
+        from .frontends.lift import lift
+        return lift
+    if name in ("PassManager", "Pass", "PassContext", "PassResult", "default_pipeline"):
+        from . import passes
+        return getattr(passes, name)
+    if name == "GraphIR":
+        from .ir import GraphIR
+        return GraphIR
+    raise AttributeError(f"module 'kernel_lens' has no attribute {name!r}")
+
+
+__all__ = ["CompiledModel", "GraphIR", "KernelLensError", "Pass", "PassContext", "PassManager",
+           "PassResult", "compile", "default_pipeline", "lift", "__version__"]

@@ -1,7 +1,8 @@
 """A batched per-head row op on a 3-D grid ``(B, H, cdiv(N, BLOCK))``.
 
-Covers case 10 (3-D grid): ``out[b, h, :] = tanh-free softcap(x[b, h, :]) * head_scale[h]`` where
-softcap(v) = cap * v / (cap + |v|); program ids map to batch, head and a block of the row.
+Covers case 10 (3-D grid): ``out[b, h, :] = softcap(x[b, h, :]) * head_scale[h]`` with the rational
+soft-cap ``softcap(v) = cap * v / (cap + |v|)``; the three program ids map to batch, head and a
+block of the row.
 """
 
 import torch

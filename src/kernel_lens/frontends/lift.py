@@ -152,7 +152,8 @@ class _Symbols:
                 upper = int(vr.upper) if vr is not None and vr.upper.is_finite else None
                 self.rename[sympy.Symbol(expr.name, integer=True, nonnegative=True)] = symbol(name)
                 self.rename[expr] = symbol(name)
-                self.table[name] = SymbolInfo(input=i, dim=d, min=lower, max=upper)
+                self.table[name] = SymbolInfo(input=i, dim=d, min=lower, max=upper,
+                                              example=int(size.node.hint))
 
     def _name(self, preferred: str | None, index: int) -> str:
         if preferred and preferred.isidentifier() and preferred not in _RESERVED \
@@ -291,7 +292,23 @@ class _GraphBuilder:
                 outputs.append(name)
         return TorchOp(order=order, op=_op_name(node.target),
                        args=[self.arg(a) for a in node.args],
-                       kwargs={k: self.arg(v) for k, v in node.kwargs.items()}, outputs=outputs)
+                       kwargs={k: self.arg(v) for k, v in node.kwargs.items()}, outputs=outputs,
+                       aliases=self._aliased_inputs(node))
+
+    def _aliased_inputs(self, node: torch.fx.Node) -> list[str]:
+        """Tensor inputs the op's outputs may alias, from its schema's alias annotations."""
+        schema = getattr(node.target, "_schema", None)
+        if schema is None:  # not an ATen overload: assume the worst
+            return [self.alias.get(a.name, a.name) for a in node.all_input_nodes
+                    if isinstance(a.meta.get("val"), torch.Tensor)]
+        out = []
+        for i, formal in enumerate(schema.arguments):
+            if formal.alias_info is None:
+                continue
+            actual = node.args[i] if i < len(node.args) else node.kwargs.get(formal.name)
+            if isinstance(actual, torch.fx.Node):
+                out.append(self.alias.get(actual.name, actual.name))
+        return out
 
     def launch(self, node: torch.fx.Node, order: int) -> Launch:
         index = node.args[0]

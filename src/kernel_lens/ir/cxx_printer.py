@@ -128,6 +128,14 @@ class Int64CxxPrinter(CXX17CodePrinter):
             return f"(-INT64_C({-value}))"
         return f"INT64_C({value})"
 
+    def _print_Rational(self, expr: sympy.Rational) -> str:  # only non-integers get here
+        self._fail(expr, "non-integer rational; division must be written as floor()/ceiling()/FloorDiv")
+        raise AssertionError  # unreachable
+
+    def _print_Float(self, expr: sympy.Float) -> str:
+        self._fail(expr, "floating-point number")
+        raise AssertionError  # unreachable
+
     def _print_Symbol(self, expr: sympy.Symbol) -> str:
         if expr.is_integer is False:
             self._fail(expr, "symbol is declared non-integer")

@@ -70,6 +70,9 @@ class TorchOp(_Model):
     args: list[OpArg] = Field(default_factory=list)
     kwargs: dict[str, OpArg] = Field(default_factory=dict)
     outputs: list[str] = Field(description="names of the tensors it produces")
+    aliases: list[str] = Field(
+        default_factory=list, description="input tensors its outputs may share memory with (views, in-place)"
+    )
 
 
 ArgRole = Literal["input", "output", "inplace", "scalar", "constexpr"]
@@ -118,6 +121,9 @@ class GraphIR(_Model):
     ops: list[TorchOp] = Field(default_factory=list)
     launches: list[Launch] = Field(default_factory=list)
     kernels: dict[str, KernelIR] = Field(default_factory=dict)
+    facts: list[str] = Field(
+        default_factory=list, description="what the IR is known to satisfy (passes' 'provides')"
+    )
     passes_run: list[str] = Field(default_factory=list, description="passes applied, in order")
 
     @model_validator(mode="after")

@@ -113,3 +113,57 @@ class SymbolInfo(BaseModel):
     dim: int = Field(description="dimension of that input")
     min: int = Field(ge=0, description="smallest value declared (inclusive)")
     max: int | None = Field(default=None, description="largest value declared; None: unbounded")
+    example: int = Field(description="its value in the example inputs the model was captured with")
+
+
+Interval = tuple[sympy.Expr, sympy.Expr]  # (lower, upper); +-oo where unbounded
+
+
+def bounds(expr: sympy.Expr, ranges: Mapping[str, tuple[int, int | None]]) -> Interval:
+    """Sound interval bounds of an integer expression over symbol ranges (interval arithmetic)."""
+    oo = sympy.oo
+    if expr.is_Number:
+        return expr, expr
+    if isinstance(expr, sympy.Symbol):
+        lo, hi = ranges.get(expr.name, (0, None))
+        return sympy.Integer(lo), (oo if hi is None else sympy.Integer(hi))
+    if isinstance(expr, sympy.Add):
+        parts = [bounds(a, ranges) for a in expr.args]
+        return sympy.Add(*[p[0] for p in parts]), sympy.Add(*[p[1] for p in parts])
+    if isinstance(expr, sympy.Mul):
+        lo, hi = sympy.Integer(1), sympy.Integer(1)
+        for a in expr.args:
+            alo, ahi = bounds(a, ranges)
+            corners = [_mul(x, y) for x in (lo, hi) for y in (alo, ahi)]
+            lo, hi = min(corners), max(corners)
+        return lo, hi
+    if isinstance(expr, (sympy.floor, sympy.ceiling)):
+        lo, hi = bounds(expr.args[0], ranges)
+        f = expr.func
+        return (lo if lo.is_infinite else f(lo)), (hi if hi.is_infinite else f(hi))
+    if isinstance(expr, sympy.Mod):
+        blo, bhi = bounds(expr.args[1], ranges)
+        if blo > 0:
+            alo, _ = bounds(expr.args[0], ranges)
+            lo = sympy.Integer(0)
+            return lo, (bhi - 1 if not bhi.is_infinite else (oo if alo < 0 else bounds(expr.args[0], ranges)[1]))
+        return -oo, oo
+    if isinstance(expr, (sympy.Min, sympy.Max)):
+        parts = [bounds(a, ranges) for a in expr.args]
+        f = min if isinstance(expr, sympy.Min) else max
+        return f(p[0] for p in parts), f(p[1] for p in parts)
+    if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and expr.exp >= 0:
+        lo, hi = bounds(expr.base, ranges)
+        if lo >= 0:
+            return lo ** expr.exp, hi ** expr.exp
+    if isinstance(expr, sympy.Pow) and expr.exp == -1:
+        lo, hi = bounds(expr.base, ranges)
+        if lo > 0:
+            return 1 / hi if not hi.is_infinite else sympy.Integer(0), 1 / lo
+    return -oo, oo
+
+
+def _mul(x: sympy.Expr, y: sympy.Expr) -> sympy.Expr:
+    if x == 0 or y == 0:
+        return sympy.Integer(0)
+    return x * y

@@ -1,0 +1,148 @@
+"""The ``kernel_lens`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from . import __version__
+from .errors import KernelLensError
+
+
+def _arch(text: str) -> int:
+    value = text.lower().removeprefix("sm_").removeprefix("sm").rstrip("a")
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"--arch {text!r}: expected e.g. sm_90 or 90")
+    return int(value)
+
+
+def _json(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {text}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object: {text}")
+    return value
+
+
+def _front_half_args(p: argparse.ArgumentParser) -> None:
+    """Options shared by every command that lifts a model file."""
+    p.add_argument("--arch", type=_arch, default=None,
+                   help="GPU arch to compile for (default: the local GPU, else sm_90)")
+    p.add_argument("--roles", type=_json, default=None,
+                   help='override tensor roles: \'{"kernel": {"param": "input"}}\'')
+    p.add_argument("--autotune", type=_json, default=None,
+                   help='pick autotune configs: \'{"kernel": {"BLOCK": 128}}\'')
+    p.add_argument("--ptx-version", default=None, help="lower PTX to this ISA version (e.g. 8.4)")
+    p.add_argument("--cuda-version", default=None,
+                   help="lower PTX to what this CUDA driver version accepts (e.g. 12.4)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kernel_lens",
+        description="Compile PyTorch models with custom Triton kernels for ONNX Runtime and TensorRT.")
+    parser.add_argument("--version", action="version", version=f"kernel_lens {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress and pass timings")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    dump = sub.add_parser("dump-ir", help="print the IR of a model file (human-readable or JSON)")
+    dump.add_argument("file", nargs="?", help="model file (not needed with --schema)")
+    dump.add_argument("--after", metavar="PASS", default=None,
+                      help="stop after this pass (default: run the whole pipeline); "
+                           "'none' prints the IR straight from the front-ends")
+    dump.add_argument("--json", action="store_true", help="print the IR as JSON")
+    dump.add_argument("--schema", action="store_true", help="print the IR's JSON schema and exit")
+    _front_half_args(dump)
+
+    sub.add_parser("passes", help="list the pass pipeline in run order")
+
+    comp = sub.add_parser("compile", help="compile a model file and write the artifacts")
+    comp.add_argument("file", help="Python file defining `model`, `example_inputs` "
+                                   "(and optionally `dynamic_shapes`, `roles`, `autotune`)")
+    _front_half_args(comp)
+    comp.add_argument("-o", "--output", default="kl_out", help="output directory (default: kl_out)")
+    comp.add_argument("--dump-after", metavar="PASS", action="append", default=[],
+                      help="also write the IR after this pass into the output directory")
+    return parser
+
+
+def _options(args: argparse.Namespace) -> dict:
+    return {k: v for k, v in (("ptx_version", args.ptx_version), ("cuda_version", args.cuda_version)) if v}
+
+
+def _compile(args: argparse.Namespace, **kwargs):
+    from .compiler import compile
+    from .model_file import load_model_file
+
+    mf = load_model_file(args.file)
+    return compile(mf.model, mf.example_inputs, dynamic_shapes=mf.dynamic_shapes, arch=args.arch,
+                   roles=args.roles or mf.roles, autotune=args.autotune or mf.autotune,
+                   options=_options(args), **kwargs)
+
+
+def cmd_dump_ir(args: argparse.Namespace) -> int:
+    if args.schema:
+        from .ir import json_schema
+        print(json.dumps(json_schema(), indent=1))
+        return 0
+    if not args.file:
+        raise KernelLensError("dump-ir needs a model file (or --schema)")
+    if args.after == "none":
+        from .frontends.lift import lift
+        from .model_file import load_model_file
+        from .summary import summarize
+
+        mf = load_model_file(args.file)
+        ir = lift(mf.model, mf.example_inputs, dynamic_shapes=mf.dynamic_shapes, arch=args.arch,
+                  roles=args.roles or mf.roles, autotune=args.autotune or mf.autotune)
+        print(ir.to_json() if args.json else summarize(ir), end="\n" if args.json else "")
+        return 0
+    compiled = _compile(args, stop_after=args.after)
+    print(compiled.ir.to_json() if args.json else compiled.summary(), end="\n" if args.json else "")
+    return 0
+
+
+def cmd_passes(args: argparse.Namespace) -> int:
+    from .passes import default_pipeline
+
+    for i, p in enumerate(default_pipeline().order(), 1):
+        req = ", ".join(sorted(p.requires)) or "-"
+        prov = ", ".join(sorted(p.provides)) or "-"
+        print(f"{i}. {p.name:22s} requires: {req:20s} provides: {prov:20s} {p.description}")
+    return 0
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from .passes import dump_to_dir
+
+    out = Path(args.output)
+    compiled = _compile(args, dump_after=args.dump_after,
+                        dump=dump_to_dir(out / "dumps") if args.dump_after else None)
+    paths = compiled.write(out)
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    if args.dump_after:
+        print(f"dumps: {out / 'dumps'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    handlers = {"dump-ir": cmd_dump_ir, "passes": cmd_passes, "compile": cmd_compile}
+    try:
+        return handlers[args.command](args)
+    except KernelLensError as exc:
+        print(f"kernel_lens: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

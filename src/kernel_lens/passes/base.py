@@ -1,0 +1,185 @@
+"""Passes and the pass manager.
+
+A pass is a small class: ``run(ir, ctx) -> PassResult``, with the facts it ``requires`` and
+``provides``. The manager orders passes by those facts (a networkx DAG), checks pre- and
+post-conditions, verifies IR invariants between passes, times each pass and can dump the IR
+after any of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, ClassVar, Iterable
+
+import networkx as nx
+
+from ..errors import PassError, PostconditionError, PreconditionError
+from ..ir import GraphIR
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PassResult:
+    ir: GraphIR
+    modified: bool
+
+
+@dataclass
+class PassContext:
+    """What passes may use besides the IR: options and the kernel compiler service."""
+
+    options: dict = field(default_factory=dict)
+    compile_binary: Callable | None = None  # (KernelIR, arch, assumptions, specialized) -> KernelBinary
+
+
+class Pass:
+    """Base class. Subclasses set ``name``, ``requires``, ``provides`` and implement ``run``."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    requires: ClassVar[frozenset[str]] = frozenset()
+    provides: ClassVar[frozenset[str]] = frozenset()
+
+    def run(self, ir: GraphIR, ctx: PassContext) -> PassResult:
+        raise NotImplementedError
+
+    def ensures(self, ir: GraphIR) -> None:
+        """Raise PostconditionError when the pass did not deliver what it provides."""
+
+    def __repr__(self) -> str:
+        return f"<pass {self.name}>"
+
+
+@dataclass
+class PassTiming:
+    name: str
+    seconds: float
+    modified: bool
+
+
+class PassManager:
+    """Orders, runs, verifies, times and dumps a set of passes."""
+
+    def __init__(self, passes: Iterable[Pass] = (), verify: Callable[[GraphIR], None] | None = None):
+        self._passes: list[Pass] = []
+        self._after: dict[str, set[str]] = {}
+        self.verify = verify
+        self.timings: list[PassTiming] = []
+        for p in passes:
+            self.add(p)
+
+    def add(self, p: Pass, *, after: str | Iterable[str] = ()) -> "PassManager":
+        """Add a pass; ``after`` forces it to run after the named passes."""
+        if not p.name:
+            raise PassError(f"{type(p).__name__} has no name")
+        if any(q.name == p.name for q in self._passes):
+            raise PassError(f"pass {p.name!r} is already in the pipeline")
+        self._passes.append(p)
+        self._after[p.name] = {after} if isinstance(after, str) else set(after)
+        return self
+
+    def remove(self, name: str) -> "PassManager":
+        self._passes = [p for p in self._passes if p.name != name]
+        self._after.pop(name, None)
+        return self
+
+    def __contains__(self, name: str) -> bool:
+        return any(p.name == name for p in self._passes)
+
+    def get(self, name: str) -> Pass:
+        for p in self._passes:
+            if p.name == name:
+                return p
+        raise PassError(f"no pass named {name!r}; passes: {[p.name for p in self._passes]}")
+
+    def graph(self, have: Iterable[str] = ()) -> nx.DiGraph:
+        """The dependency DAG: an edge provider -> consumer for every required fact."""
+        have = set(have)
+        g = nx.DiGraph()
+        position = {p.name: i for i, p in enumerate(self._passes)}
+        for p in self._passes:
+            g.add_node(p.name, position=position[p.name])
+        for p in self._passes:
+            for fact in p.requires:
+                providers = [q.name for q in self._passes if fact in q.provides and q is not p]
+                if not providers and fact not in have:
+                    raise PreconditionError(
+                        f"pass {p.name!r} requires {fact!r}, which no pass in the pipeline "
+                        f"provides and the IR does not have; add a pass that provides it")
+                for q in providers:
+                    g.add_edge(q, p.name)
+            for name in self._after[p.name]:
+                if name not in position:
+                    raise PassError(f"pass {p.name!r} is to run after unknown pass {name!r}")
+                g.add_edge(name, p.name)
+        if not nx.is_directed_acyclic_graph(g):
+            raise PassError(f"pass dependencies form a cycle: {nx.find_cycle(g)}")
+        return g
+
+    def order(self, have: Iterable[str] = ()) -> list[Pass]:
+        g = self.graph(have)
+        names = nx.lexicographical_topological_sort(g, key=lambda n: g.nodes[n]["position"])
+        return [self.get(n) for n in names]
+
+    def run(self, ir: GraphIR, ctx: PassContext | None = None, *, stop_after: str | None = None,
+            dump_after: Iterable[str] = (), dump: Callable[[str, GraphIR], None] | None = None,
+            ) -> GraphIR:
+        ctx = ctx or PassContext()
+        dump_after = set(dump_after)
+        order = self.order(ir.facts)
+        names = [p.name for p in order]
+        for name in dump_after | ({stop_after} if stop_after else set()):
+            if name not in names:
+                raise PassError(f"no pass named {name!r}; passes: {names}")
+        self.timings = []
+        if self.verify:
+            self.verify(ir)
+        for p in order:
+            missing = set(p.requires) - set(ir.facts)
+            if missing:
+                raise PreconditionError(f"pass {p.name!r} requires {sorted(missing)}; the IR has "
+                                        f"{sorted(ir.facts)}")
+            start = time.perf_counter()
+            result = p.run(ir.model_copy(deep=True), ctx)
+            seconds = time.perf_counter() - start
+            ir = result.ir
+            ir.facts = sorted(set(ir.facts) | set(p.provides))
+            ir.passes_run = [*ir.passes_run, p.name]
+            p.ensures(ir)
+            if self.verify:
+                try:
+                    self.verify(ir)
+                except PostconditionError:
+                    raise
+                except Exception as exc:
+                    raise PostconditionError(f"IR invariant broken after pass {p.name!r}: {exc}") from exc
+            self.timings.append(PassTiming(p.name, seconds, result.modified))
+            log.info("pass %-22s %8.1f ms%s", p.name, seconds * 1e3,
+                     "" if result.modified else " (no change)")
+            if p.name in dump_after and dump is not None:
+                dump(p.name, ir)
+            if p.name == stop_after:
+                break
+        return ir
+
+    def describe(self) -> list[dict]:
+        return [{"name": p.name, "requires": sorted(p.requires), "provides": sorted(p.provides),
+                 "description": p.description} for p in self.order(self._facts_none())]
+
+    @staticmethod
+    def _facts_none() -> set[str]:
+        return set()
+
+
+def dump_to_dir(directory: str | Path) -> Callable[[str, GraphIR], None]:
+    """A dump callback writing ``<dir>/<NN>-<pass>.json``."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+
+    def dump(name: str, ir: GraphIR) -> None:
+        ir.save(directory / f"{len(ir.passes_run):02d}-{name}.json")
+    return dump

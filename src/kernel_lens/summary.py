@@ -1,0 +1,119 @@
+"""A human-readable rendering of GraphIR, in the spirit of torch.fx's print_readable."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import sympy
+from sympy.printing.str import StrPrinter
+
+from .ir import ConstArg, GraphIR, Launch, ListArg, SymArg, TorchOp, ValueArg, parse
+
+
+class _PythonIntPrinter(StrPrinter):
+    """Prints floor(p/q) as (p)//q and ceiling(p/q) as -(-(p)//q)-style cdiv, like user code."""
+
+    def _print_floor(self, expr):
+        num, den = sympy.fraction(sympy.together(expr.args[0]))
+        if den == 1:
+            return f"floor({self._print(num)})"
+        return f"({self._print(num)})//{self.parenthesize(den, 100)}"
+
+    def _print_ceiling(self, expr):
+        num, den = sympy.fraction(sympy.together(expr.args[0]))
+        return f"cdiv({self._print(num)}, {self._print(den)})"
+
+    def _print_Mod(self, expr):
+        return f"({self._print(expr.args[0])}) % {self.parenthesize(expr.args[1], 100)}"
+
+
+def pretty(text: str, names: Iterable[str] = ()) -> str:
+    return _PythonIntPrinter().doprint(parse(text, names))
+
+
+def _arg(a, names) -> str:
+    if isinstance(a, ValueArg):
+        return f"%{a.ref}"
+    if isinstance(a, SymArg):
+        return pretty(a.sym, names)
+    if isinstance(a, ListArg):
+        return "[" + ", ".join(_arg(x, names) for x in a.items) + "]"
+    assert isinstance(a, ConstArg)
+    return repr(a.const)
+
+
+def _type(ir: GraphIR, name: str) -> str:
+    v = ir.values[name]
+    return f"{v.dtype.value}[{', '.join(pretty(s, ir.symbols) for s in v.shape)}]"
+
+
+def summarize(ir: GraphIR, timings: Iterable = ()) -> str:
+    names = list(ir.symbols)
+    out = [f"graph {ir.name}  (sm_{ir.arch}, IR schema {ir.schema_version})",
+           f"  passes run: {', '.join(ir.passes_run) or '(none)'}"]
+    out.append("symbols:")
+    for n, s in ir.symbols.items():
+        hi = "inf" if s.max is None else s.max
+        out.append(f"  {n} = {ir.inputs[s.input]}.shape[{s.dim}]   range [{s.min}, {hi}]   "
+                   f"(captured: {s.example})")
+    out.append("inputs:")
+    out += [f"  %{n}: {_type(ir, n)}" for n in ir.inputs]
+    if ir.constants:
+        out.append("constants:")
+        out += [f"  %{n}: {_type(ir, n)}" for n in ir.constants]
+    out.append("body:")
+    for node in ir.nodes():
+        if isinstance(node, TorchOp):
+            lhs = ", ".join(f"%{o}: {_type(ir, o)}" for o in node.outputs) or "_"
+            args = [_arg(a, names) for a in node.args]
+            args += [f"{k}={_arg(v, names)}" for k, v in node.kwargs.items()]
+            out.append(f"  {lhs} = {node.op}({', '.join(args)})")
+        else:
+            out.append(_launch(ir, node, names))
+    out.append(f"  return ({', '.join('%' + o for o in ir.outputs)},)")
+    out.append("kernels:")
+    for k in ir.kernels.values():
+        opts = k.options
+        tune = f"  autotune={opts.autotune_config} ({opts.autotune_choice})" if opts.autotune_config else ""
+        out.append(f"  {k.id}: {k.source.qualname}  ({k.source.file}:{k.source.line})")
+        out.append(f"    num_warps={opts.num_warps} num_stages={opts.num_stages} "
+                   f"num_ctas={opts.num_ctas}{tune}")
+        for p in k.params:
+            spec = k.specialization.get(p.name)
+            facts = [f for f in ("aligned16", "divisible16", "equal_to_1", "int32")
+                     if spec is not None and getattr(spec, f)]
+            if p.kind.value == "tensor":
+                desc = f"*{p.dtype.value} {p.role.value if p.role else '?'}"
+                if p.role_source == "override":
+                    desc += " (override)"
+            elif p.kind.value == "scalar":
+                desc = f"{p.dtype.value}"
+            else:
+                desc = f"constexpr = {p.constexpr_value!r}"
+            out.append(f"    {p.name}: {desc}" + (f"  [{', '.join(facts)}]" if facts else ""))
+        for b in k.binaries:
+            kind = "specialized" if b.specialized else "generic"
+            abi = ", ".join(f"{a.c_type} {a.name}" for a in b.abi)
+            out.append(f"    binary sm_{b.arch} {kind}: entry {b.entry_name}, PTX {b.ptx_version}, "
+                       f"cubin {len(b.cubin)} B, shared {b.shared_mem} B, "
+                       f"scratch {b.global_scratch_size} B, warps {b.num_warps}")
+            out.append(f"      abi({abi})")
+    timings = list(timings)
+    if timings:
+        out.append("pass timings:")
+        out += [f"  {t.name:24s} {t.seconds * 1e3:9.1f} ms{'' if t.modified else '  (no change)'}"
+                for t in timings]
+    return "\n".join(out) + "\n"
+
+
+def _launch(ir: GraphIR, launch: Launch, names) -> str:
+    grid = ", ".join(pretty(g, names) for g in launch.grid)
+    args = []
+    for a in launch.args:
+        if a.value is not None:
+            args.append(f"{a.name}=%{a.value}:{a.role or '?'}")
+        elif a.expr is not None:
+            args.append(f"{a.name}={pretty(a.expr, names)}")
+        else:
+            args.append(f"{a.name}={a.constant!r}")
+    return f"  launch {launch.kernel}[grid=({grid})]({', '.join(args)})"
