@@ -160,7 +160,7 @@ if tf is not None:
 
 @st.composite
 def exprs(draw: st.DrawFn, depth: int = 3) -> sympy.Expr:
-    if depth == 0 or draw(st.integers(0, 4)) == 0:
+    if depth == 0 or (depth < 3 and draw(st.integers(0, 4)) == 0):
         leaf = draw(st.sampled_from(["sym", "sym", "sym", "small", "big"]))
         if leaf == "sym":
             return draw(st.sampled_from(S))
@@ -213,7 +213,9 @@ def cases(draw: st.DrawFn) -> tuple[sympy.Expr, dict[sympy.Symbol, int]] | None:
     cap = next((c for c in CAPS if _bound(expr, c) < LIMIT), None)
     if cap is None:
         return None
-    value = st.one_of(st.just(0), st.integers(0, min(cap, 20)), st.just(cap), st.integers(0, cap))
+    value = st.one_of(
+        st.just(0), st.integers(0, min(cap, 20)), st.just(cap), st.integers(cap // 2, cap), st.integers(0, cap)
+    )
     symbols = sorted(expr.free_symbols, key=lambda s: s.name)
     return expr, {s: draw(value) for s in symbols}
 

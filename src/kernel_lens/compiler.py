@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .frontends.aot import compile_binary
-from .frontends.lift import lift
+from .frontends.lift import lift_with_outputs
 from .ir import GraphIR
 from .passes import PassContext, PassManager, PassTiming, default_pipeline
 from .summary import summarize
@@ -21,6 +21,7 @@ class CompiledModel:
     """The result of :func:`compile`: the final IR and where artifacts were written."""
 
     ir: GraphIR
+    example_outputs: Any = None  # what the eager forward returned during capture
     timings: list[PassTiming] = field(default_factory=list)
     artifacts: dict[str, Path] = field(default_factory=dict)
 
@@ -54,11 +55,11 @@ def compile(model: Callable, example_inputs: Iterable[Any], *, dynamic_shapes: A
     (``{"kernel": {"param": "input"}}``); ``autotune`` picks a config per autotuned kernel
     (``{"kernel": {"BLOCK": 128}}``); ``options`` configure passes (e.g. ``ptx_version``).
     """
-    ir = lift(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes, arch=arch,
-              roles=roles, autotune=autotune)
+    ir, outputs = lift_with_outputs(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes,
+                                    arch=arch, roles=roles, autotune=autotune)
     pm = pass_manager or default_pipeline()
     ir = pm.run(ir, pass_context(options), stop_after=stop_after, dump_after=dump_after, dump=dump)
-    compiled = CompiledModel(ir, list(pm.timings))
+    compiled = CompiledModel(ir, outputs, list(pm.timings))
     if output_dir is not None:
         compiled.write(output_dir)
     return compiled

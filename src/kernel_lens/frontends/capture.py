@@ -39,8 +39,15 @@ class Capture:
     native: bool = False
 
 
-def kernel_name(jit_fn: Any) -> str:
-    return jit_fn.fn.__name__
+def innermost_jit(fn: Any) -> Any:
+    """The JITFunction under any stack of @triton.autotune / @triton.heuristics wrappers."""
+    while not isinstance(fn, tc.JITFunction):
+        fn = fn.fn
+    return fn
+
+
+def kernel_name(fn: Any) -> str:
+    return innermost_jit(fn).fn.__name__
 
 
 def _normalize_grid(grid: Any, kernel: str, to_int: Callable[[Any], Any]) -> tuple:
@@ -104,11 +111,11 @@ def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
 
 
 _interpreted: dict[int, Any] = {}
+_ORIG_PATCH_LANG_TENSOR: Any = None
 
 
 def _interpreted_fn(jit_fn: Any) -> Any:
     from triton.runtime.interpreter import InterpretedFunction
-
     fn = _interpreted.get(id(jit_fn))
     if fn is None:
         fn = _interpreted[id(jit_fn)] = InterpretedFunction(jit_fn.fn)
@@ -116,13 +123,38 @@ def _interpreted_fn(jit_fn: Any) -> Any:
 
 
 def _call_helper_interpreted(self: Any, *args: Any, **kwargs: Any) -> Any:
-    return _interpreted_fn(self)(*args, **kwargs)
+    """A @triton.jit helper called from an interpreted kernel runs interpreted too.
+
+    (InterpretedFunction.__call__ patches triton.language without restoring it, which breaks
+    later real compilations; here the patch is scoped to the call.)
+    """
+    from triton.runtime import interpreter
+
+    fn = _interpreted_fn(self)
+    scope = interpreter._patch_lang(self.fn)
+    try:
+        return fn.rewrite()(*args, **kwargs)
+    finally:
+        scope.restore()
+
+
+def _patch_lang_tensor_numpy2(tensor: Any, scope: Any) -> None:
+    """Triton 3.6's interpreter turns scalars into ints with int(ndarray), which numpy >= 2.4
+    rejects for 1-element arrays of rank > 0; convert through .item() instead."""
+    _ORIG_PATCH_LANG_TENSOR(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0].item()))
 
 
 def interpret_launch(jit_fn: Any, args: tuple, kwargs: dict, grid: tuple) -> None:
     """Execute one launch on CPU tensors with Triton's interpreter."""
+    from triton.runtime import interpreter
+
+    global _ORIG_PATCH_LANG_TENSOR
+    if _ORIG_PATCH_LANG_TENSOR is None:
+        _ORIG_PATCH_LANG_TENSOR = interpreter._patch_lang_tensor
     params = {k: v for k, v in kwargs.items() if k in {p.name for p in jit_fn.params}}
-    with _patched(tc.JITFunction, "__call__", _call_helper_interpreted):
+    with _patched(tc.JITFunction, "__call__", _call_helper_interpreted), \
+            _patched(interpreter, "_patch_lang_tensor", _patch_lang_tensor_numpy2):
         _interpreted_fn(jit_fn).run(*args, grid=grid, warmup=False, **params)
 
 
@@ -157,7 +189,7 @@ class _Recorder:
     # Autotuner.run
     def autotune_run(self, orig: Callable, tuner: Any, args: tuple, kwargs: dict) -> Any:
         start = len(self.launches)
-        kernel = kernel_name(tuner.base_fn)
+        kernel = kernel_name(tuner)
         wanted = self.autotune.get(kernel)
         if self.native and wanted is None:
             ret, choice = orig(tuner, *args, **kwargs), "benchmarked"
@@ -186,7 +218,7 @@ class _Recorder:
 
     # Autotuner._bench
     def bench(self, orig: Callable, tuner: Any, args: tuple, config: Any, meta: dict) -> Any:
-        wanted = self.autotune.get(kernel_name(tuner.base_fn))
+        wanted = self.autotune.get(kernel_name(tuner))
         if self.native and wanted is None:
             self.benchmarking += 1
             try:

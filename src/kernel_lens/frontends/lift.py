@@ -13,7 +13,7 @@ import torch
 from torch.export.graph_signature import InputKind
 
 from ..errors import CaptureError, TraceError, UnsupportedKernelError
-from ..ir import (CompileOptions, ConstantData, ConstArg, GraphIR, KernelIR, KernelParam, Launch,
+from ..ir import (CompileOptions, ConstantData, ConstArg, Dispatch, GraphIR, KernelIR, KernelParam, Launch,
                   LaunchArg, ListArg, ParamKind, Role, SymArg, SymbolInfo, TensorValue, TorchOp,
                   ValueArg, format_expr, symbol)
 from ..ir.symbolic import to_plain_sympy
@@ -129,6 +129,29 @@ def apply_role_overrides(kernels: dict[str, KernelIR], roles: dict[str, dict[str
                 param.role, param.role_source = Role(role), "override"
 
 
+def guard_variants(captured: list[CapturedLaunch], traced: list[TracedLaunch]):
+    """For launches whose constexprs are booleans of dynamic dims (heuristics), one captured
+    launch per combination of those booleans, so a binary exists for every input size."""
+    import dataclasses
+    import itertools
+
+    out, owners = [], []
+    for index, (cap, tr) in enumerate(zip(captured, traced)):
+        names = sorted(tr.guards)
+        if len(names) > 4:
+            raise UnsupportedKernelError(
+                f"kernel {kernel_name(cap.jit)}: {len(names)} constexprs depend on dynamic dims "
+                f"({names}); at most 4 are supported (2**4 binaries)")
+        for values in itertools.product((False, True), repeat=len(names)):
+            when = dict(zip(names, values))
+            params = {**cap.params, **when}
+            spec = [("constexpr", params[p.name]) if p.name in when else s
+                    for p, s in zip(cap.jit.params, cap.specialization)]
+            out.append((dataclasses.replace(cap, params=params, specialization=spec), when))
+            owners.append(index)
+    return out, owners
+
+
 # --- symbols and expressions -------------------------------------------------------------------
 class _Symbols:
     """Maps torch's shape symbols to IR symbols tied to (graph input, dim)."""
@@ -137,23 +160,38 @@ class _Symbols:
                  dynamic_shapes: Any) -> None:
         self.table: dict[str, SymbolInfo] = {}
         self.rename: dict[sympy.Symbol, sympy.Symbol] = {}
-        ranges = {str(k): v for k, v in program.range_constraints.items()}
-        for i, node in enumerate(user_inputs):
-            val = node.meta["val"]
-            for d, size in enumerate(val.shape):
-                if not isinstance(size, torch.SymInt):
-                    continue
-                expr = size.node.shape_env.replace(size.node.expr)
-                if not isinstance(expr, sympy.Symbol) or expr in self.rename:
-                    continue
-                name = self._name(_dim_name(dynamic_shapes, i, d), len(self.table))
-                vr = ranges.get(str(expr))
-                lower = int(vr.lower) if vr is not None and vr.lower.is_finite else 0
-                upper = int(vr.upper) if vr is not None and vr.upper.is_finite else None
-                self.rename[sympy.Symbol(expr.name, integer=True, nonnegative=True)] = symbol(name)
-                self.rename[expr] = symbol(name)
-                self.table[name] = SymbolInfo(input=i, dim=d, min=lower, max=upper,
-                                              example=int(size.node.hint))
+        self.ranges = {str(k): v for k, v in program.range_constraints.items()}
+        self.dynamic_shapes = dynamic_shapes
+        dims = [(i, node, d, size.node.shape_env.replace(size.node.expr), size)
+                for i, node in enumerate(user_inputs)
+                for d, size in enumerate(node.meta["val"].shape) if isinstance(size, torch.SymInt)]
+        for i, node, d, expr, size in dims:  # dims that are a symbol
+            if isinstance(expr, sympy.Symbol) and expr not in self.rename:
+                self._add(expr, i, node.name, d, 1, 0, int(size.node.hint))
+        for i, node, d, expr, size in dims:  # dims that are scale*symbol + offset (Dim("h")*2)
+            free = [s for s in expr.free_symbols if s not in self.rename]
+            if len(free) != 1 or len(expr.free_symbols) != 1:
+                continue
+            sym = free[0]
+            poly = sympy.Poly(expr, sym) if expr.is_polynomial(sym) else None
+            if poly is None or poly.degree() != 1:
+                continue
+            scale, offset = (int(c) for c in poly.all_coeffs())
+            if scale >= 1:
+                example = (int(size.node.hint) - offset) // scale
+                self._add(sym, i, node.name, d, scale, offset, example)
+
+    def _add(self, expr: sympy.Symbol, i: int, input_name: str, d: int, scale: int, offset: int,
+             example: int) -> None:
+        preferred = _dim_name(self.dynamic_shapes, i, input_name, d) if scale == 1 else None
+        name = self._name(preferred, len(self.table))
+        vr = self.ranges.get(str(expr))
+        lower = int(vr.lower) if vr is not None and vr.lower.is_finite else 0
+        upper = int(vr.upper) if vr is not None and vr.upper.is_finite else None
+        self.rename[sympy.Symbol(expr.name, integer=True, nonnegative=True)] = symbol(name)
+        self.rename[expr] = symbol(name)
+        self.table[name] = SymbolInfo(input=i, dim=d, min=lower, max=upper, example=example,
+                                      scale=scale, offset=offset)
 
     def _name(self, preferred: str | None, index: int) -> str:
         if preferred and preferred.isidentifier() and preferred not in _RESERVED \
@@ -166,7 +204,7 @@ class _Symbols:
             raise TraceError(f"{what}: expected an integer, got bool {value}")
         if isinstance(value, int):
             return str(value)
-        if isinstance(value, torch.SymInt):
+        if isinstance(value, (torch.SymInt, torch.SymBool)):
             raw = value.node.shape_env.replace(value.node.expr)
             plain = to_plain_sympy(raw)
             plain = plain.xreplace({s: self.rename.get(s, self.rename.get(
@@ -180,16 +218,20 @@ class _Symbols:
         raise TraceError(f"{what}: {value!r} is not an integer size")
 
 
-def _dim_name(dynamic_shapes: Any, i: int, d: int) -> str | None:
-    if dynamic_shapes is None:
-        return None
-    spec = dynamic_shapes
-    if isinstance(spec, dict):
-        spec = list(spec.values())
-    if i >= len(spec) or spec[i] is None:
-        return None
-    entry = spec[i]
-    dim = entry.get(d) if isinstance(entry, dict) else entry[d] if d < len(entry) else None
+def _dim_name(dynamic_shapes: Any, i: int, input_name: str, d: int) -> str | None:
+    """The user's Dim name for input ``i`` (``input_name``), dimension ``d``, if any."""
+    if isinstance(dynamic_shapes, dict):
+        entry = dynamic_shapes.get(input_name)
+    elif isinstance(dynamic_shapes, (tuple, list)) and i < len(dynamic_shapes):
+        entry = dynamic_shapes[i]
+    else:
+        entry = None
+    if isinstance(entry, dict):
+        dim = entry.get(d)
+    elif isinstance(entry, (tuple, list)) and d < len(entry):
+        dim = entry[d]
+    else:
+        dim = None
     return getattr(dim, "__name__", None)
 
 
@@ -213,8 +255,10 @@ _SKIP_OPS = ("_assert", "sym_constrain", "_check")
 
 class _GraphBuilder:
     def __init__(self, program, traced: list[TracedLaunch], captured: list[CapturedLaunch],
-                 kernels: dict[str, KernelIR], launch_kernels: list[str], dynamic_shapes: Any):
+                 kernels: dict[str, KernelIR], launch_kernels: list[str], dynamic_shapes: Any,
+                 variants: dict[int, list[tuple[dict[str, bool], str]]]):
         self.program = program
+        self.variants = variants
         self.traced, self.captured = traced, captured
         self.kernels, self.launch_kernels = kernels, launch_kernels
         self.values: dict[str, TensorValue] = {}
@@ -335,8 +379,12 @@ class _GraphBuilder:
                 args.append(LaunchArg(name=p.name, role="scalar", constant=value))
         grid = tuple(self.syms.expr(g, f"kernel {kernel.name} grid[{i}]")
                      for i, g in enumerate(traced.grid))
+        guards = {name: self.syms.expr(value, f"kernel {kernel.name} constexpr {name!r}")
+                  for name, value in traced.guards.items()}
+        dispatch = [Dispatch(when=when, kernel=self.kernels[kid].id)
+                    for when, kid in self.variants.get(index, [])]
         return Launch(order=order, kernel=kernel.id, grid=grid, args=args,
-                      captured_grid=captured.grid)
+                      captured_grid=captured.grid, guards=guards, dispatch=dispatch)
 
 
 def _op_name(target: Any) -> str:
@@ -345,24 +393,36 @@ def _op_name(target: Any) -> str:
 
 
 # --- entry point ----------------------------------------------------------------------------
-def lift(model: Callable, example_inputs: tuple, *, dynamic_shapes: Any = None,
-         arch: int | None = None, roles: dict[str, dict[str, str]] | None = None,
-         autotune: dict[str, dict] | None = None, name: str | None = None) -> GraphIR:
+def lift(model: Callable, example_inputs: tuple, **kwargs: Any) -> GraphIR:
     """Capture, trace and compile ``model``: the front half of kernel_lens, ending in GraphIR."""
+    return lift_with_outputs(model, example_inputs, **kwargs)[0]
+
+
+def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes: Any = None,
+                      arch: int | None = None, roles: dict[str, dict[str, str]] | None = None,
+                      autotune: dict[str, dict] | None = None,
+                      name: str | None = None) -> tuple[GraphIR, Any]:
+    """:func:`lift`, also returning what the captured eager forward returned."""
     if not isinstance(example_inputs, (tuple, list)):
         raise CaptureError("example_inputs must be a tuple of tensors")
     arch = arch or default_arch()
     captured = capture(model, tuple(example_inputs), arch, autotune)
     program, traced = trace(model, tuple(example_inputs), dynamic_shapes, captured.launches)
-    kernels, launch_kernels = build_kernels(captured.launches)
+    variant_launches, owners = guard_variants(captured.launches, traced)
+    kernels, launch_kernels = build_kernels(captured.launches + [v for v, _ in variant_launches])
+    variants: dict[int, list[tuple[dict[str, bool], str]]] = {}
+    for (launch, when), owner, kid in zip(variant_launches, owners,
+                                          launch_kernels[len(captured.launches):]):
+        variants.setdefault(owner, []).append((when, kid))
     apply_role_overrides(kernels, roles or {})
     builder = _GraphBuilder(program, traced, captured.launches, kernels, launch_kernels,
-                            dynamic_shapes)
+                            dynamic_shapes, variants)
     inputs, outputs = builder.build()
     for kernel in kernels.values():
         kernel.binaries.append(compile_binary(kernel, arch, kernel.specialization, specialized=True))
-    return GraphIR(
+    ir = GraphIR(
         name=name or type(model).__name__, arch=arch, symbols=builder.syms.table, inputs=inputs,
         outputs=outputs, values=builder.values, constants=builder.constants, ops=builder.ops,
         launches=builder.launches, kernels=kernels,
     )
+    return ir, captured.outputs

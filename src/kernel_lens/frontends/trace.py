@@ -16,7 +16,8 @@ import torch
 
 from ..errors import KernelLensError, TraceError, UnsupportedKernelError
 from . import triton_compat as tc
-from .capture import CapturedLaunch, _normalize_grid, _patched, check_arguments, kernel_name
+from .capture import (CapturedLaunch, _normalize_grid, _patched, check_arguments, innermost_jit,
+                      kernel_name)
 
 
 @torch.library.custom_op("kernel_lens::launch", mutates_args=("tensors",))
@@ -39,6 +40,7 @@ class TracedLaunch:
 
     grid: tuple
     args: dict[str, Any]  # param name -> SymInt/int/float/bool/None/FakeTensor
+    guards: dict[str, Any]  # constexpr name -> SymBool it was computed as (heuristics)
 
 
 class _Tracer:
@@ -49,6 +51,7 @@ class _Tracer:
     def _expect(self, jit_fn: Any) -> CapturedLaunch:
         index = len(self.launches)
         kernel = kernel_name(jit_fn)
+        jit_fn = innermost_jit(jit_fn)
         if index >= len(self.captured) or self.captured[index].jit is not jit_fn:
             seen = kernel_name(self.captured[index].jit) if index < len(self.captured) else "none"
             raise TraceError(
@@ -63,9 +66,15 @@ class _Tracer:
         kernel = kernel_name(jit_fn)
         params = tc.bind_params(jit_fn, args, kwargs)
         check_arguments(jit_fn, params)
+        guards = {}
         for p in jit_fn.params:
             value = params[p.name]
             if p.is_constexpr:
+                if isinstance(value, torch.SymBool) and value.node.hint == captured.params[p.name]:
+                    # e.g. @triton.heuristics({"EVEN_N": lambda a: a["n"] % BLOCK == 0}) over a
+                    # dynamic n: one binary per truth value, chosen at run time.
+                    guards[p.name] = value
+                    continue
                 if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
                     raise TraceError(
                         f"kernel {kernel}: constexpr {p.name!r} = {value} depends on a dynamic "
@@ -92,11 +101,11 @@ class _Tracer:
                              f"tensor values") from exc
         sym_grid = _normalize_grid(grid_value, kernel, lambda g: _grid_entry(g, kernel))
         tensors = [v for v in params.values() if isinstance(v, torch.Tensor)]
-        self.launches.append(TracedLaunch(sym_grid, params))
+        self.launches.append(TracedLaunch(sym_grid, params, guards))
         LAUNCH_OP(len(self.launches) - 1, tensors)
 
     def autotune_run(self, tuner: Any, args: tuple, kwargs: dict) -> Any:
-        captured = self._expect(tuner.base_fn)
+        captured = self._expect(tuner)
         config = captured.autotune_config
         if config.pre_hook is not None:
             config.pre_hook({**dict(zip(tuner.arg_names, args)), **kwargs, **config.all_kwargs()})

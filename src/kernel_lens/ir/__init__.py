@@ -1,6 +1,6 @@
 """The kernel_lens IR: pydantic models, JSON round-trip exact, schema published."""
 
-from .graph import (SCHEMA_VERSION, ConstantData, ConstArg, GraphIR, Launch, LaunchArg,
+from .graph import (SCHEMA_VERSION, ConstantData, ConstArg, Dispatch, GraphIR, Launch, LaunchArg,
                     ListArg, SymArg, TensorValue, TorchOp, ValueArg, json_schema)
 from .kernel import (AbiParam, CompileOptions, KernelBinary, KernelIR, KernelParam, ParamKind,
                      Role, SourceInfo, Specialization)
@@ -8,7 +8,7 @@ from .symbolic import SymbolInfo, SymExpr, evaluate, format_expr, parse, symbol
 from .types import DType
 
 __all__ = [
-    "SCHEMA_VERSION", "AbiParam", "CompileOptions", "ConstantData", "ConstArg", "DType", "GraphIR",
+    "SCHEMA_VERSION", "AbiParam", "Dispatch", "CompileOptions", "ConstantData", "ConstArg", "DType", "GraphIR",
     "KernelBinary", "KernelIR", "KernelParam", "Launch", "LaunchArg", "ListArg", "ParamKind",
     "Role", "SourceInfo", "Specialization", "SymArg", "SymbolInfo", "SymExpr", "TensorValue",
     "TorchOp", "ValueArg", "evaluate", "format_expr", "json_schema", "parse", "symbol",

@@ -95,6 +95,13 @@ class LaunchArg(_Model):
     storage_offset: SymExpr | None = Field(default=None, description="tensors: offset, in elements")
 
 
+class Dispatch(_Model):
+    """Which kernel specialization serves a launch for given values of its guarded constexprs."""
+
+    when: dict[str, bool]
+    kernel: str
+
+
 class Launch(_Model):
     """One kernel launch, in program order."""
 
@@ -103,6 +110,15 @@ class Launch(_Model):
     grid: tuple[SymExpr, SymExpr, SymExpr]
     args: list[LaunchArg] = Field(description="one per kernel parameter, in signature order")
     captured_grid: tuple[int, int, int] = Field(description="the grid seen during capture")
+    guards: dict[str, SymExpr] = Field(
+        default_factory=dict,
+        description="constexprs computed from dynamic dims (e.g. by @triton.heuristics): name -> "
+        "boolean sympy expression over graph dims, evaluated at run time",
+    )
+    dispatch: list[Dispatch] = Field(
+        default_factory=list,
+        description="with guards: the kernel to launch for each combination of guard values",
+    )
 
 
 class GraphIR(_Model):
@@ -133,8 +149,9 @@ class GraphIR(_Model):
             if name not in self.values:
                 raise ValueError(f"graph input/output {name!r} is not a known value")
         for launch in self.launches:
-            if launch.kernel not in self.kernels:
-                raise ValueError(f"launch {launch.order} refers to unknown kernel {launch.kernel!r}")
+            for kernel in [launch.kernel, *(d.kernel for d in launch.dispatch)]:
+                if kernel not in self.kernels:
+                    raise ValueError(f"launch {launch.order} refers to unknown kernel {kernel!r}")
             for text in launch.grid:
                 unknown = {s.name for s in parse(text).free_symbols} - names
                 if unknown:

@@ -58,6 +58,8 @@ def to_plain_sympy(expr: object) -> sympy.Expr:
         return sympy.Integer(int(expr))
     if not isinstance(expr, sympy.Basic):
         raise SymbolicError(f"not a symbolic integer: {expr!r}")
+    if expr in (sympy.true, sympy.false):
+        return expr
     if expr.is_Atom:
         if isinstance(expr, sympy.Symbol):
             return symbol(expr.name)
@@ -86,7 +88,8 @@ def to_plain_sympy(expr: object) -> sympy.Expr:
         return sympy.Pow(args[0], args[1])
     if name == "Identity":
         return args[0]
-    if name in ("Add", "Mul", "floor", "ceiling"):
+    if name in ("Add", "Mul", "floor", "ceiling", "Equality", "Unequality", "StrictLessThan",
+                "LessThan", "StrictGreaterThan", "GreaterThan", "And", "Or", "Not"):
         return expr.func(*args)
     raise SymbolicError(
         f"symbolic function {name} in {expr} has no exact integer meaning kernel_lens supports"
@@ -114,6 +117,8 @@ class SymbolInfo(BaseModel):
     min: int = Field(ge=0, description="smallest value declared (inclusive)")
     max: int | None = Field(default=None, description="largest value declared; None: unbounded")
     example: int = Field(description="its value in the example inputs the model was captured with")
+    scale: int = Field(default=1, ge=1, description="the dim's size is scale*symbol + offset")
+    offset: int = Field(default=0, description="the dim's size is scale*symbol + offset")
 
 
 Interval = tuple[sympy.Expr, sympy.Expr]  # (lower, upper); +-oo where unbounded

@@ -1,0 +1,32 @@
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT / "tests" / "corpus"
+EXAMPLES = ROOT / "examples"
+
+
+def load_module(path: Path):
+    """Import a corpus/example file by path (its folder on sys.path for sibling imports)."""
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    name = path.stem
+    if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(path):
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def corpus_files():
+    return sorted(p for p in CORPUS.glob("*.py") if not p.name.startswith("_"))
+
+
+@pytest.fixture(scope="session")
+def corpus_ids():
+    return [p.stem for p in corpus_files()]
