@@ -1,0 +1,66 @@
+"""Models that kernel_lens must refuse, each with a clear, typed error."""
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def copy_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+@triton.jit
+def negate_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, -tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+class ValueDependentGrid(torch.nn.Module):
+    """The grid depends on tensor values."""
+
+    def forward(self, x):
+        out = torch.zeros_like(x)
+        blocks = int((x > 0).sum().item()) // 16 + 1
+        copy_kernel[(blocks,)](x, out, x.numel(), BLOCK=16)
+        return out
+
+
+class ValueDependentBranch(torch.nn.Module):
+    """Python control flow picks the kernel from tensor values."""
+
+    def forward(self, x):
+        out = torch.empty_like(x)
+        kernel = copy_kernel if x.sum() > 0 else negate_kernel
+        kernel[(triton.cdiv(x.numel(), 16),)](x, out, x.numel(), BLOCK=16)
+        return out
+
+
+class TupleArgument(torch.nn.Module):
+    def forward(self, x):
+        out = torch.empty_like(x)
+        copy_kernel[(1,)](x, out, (x.numel(), 1), BLOCK=16)
+        return out
+
+
+class DescriptorArgument(torch.nn.Module):
+    def forward(self, x):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        out = torch.empty_like(x)
+        desc = TensorDescriptor.from_tensor(x, [16])
+        copy_kernel[(1,)](desc, out, x.numel(), BLOCK=16)
+        return out
+
+
+class Copy(torch.nn.Module):
+    def forward(self, x):
+        out = torch.empty_like(x)
+        copy_kernel[(triton.cdiv(x.numel(), 16),)](x, out, x.numel(), BLOCK=16)
+        return out
+
+
+class NoKernel(torch.nn.Module):
+    def forward(self, x):
+        return x * 2

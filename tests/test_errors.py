@@ -1,0 +1,92 @@
+"""Bad input gets a typed error naming the kernel and argument, and saying what to do."""
+
+from __future__ import annotations
+
+import importlib
+import linecache
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import kernel_lens as kl
+from kernel_lens.errors import (CaptureError, KernelLensError, KernelSourceError, TraceError,
+                                UnsupportedKernelError)
+
+from conftest import ROOT, load_module
+
+bad = load_module(ROOT / "tests" / "models" / "bad_kernels.py")
+X = torch.randn(64)
+
+
+def test_grid_depending_on_tensor_values():
+    with pytest.raises(TraceError, match="tensor values"):
+        kl.compile(bad.ValueDependentGrid(), (X,), arch=90)
+
+
+def test_control_flow_depending_on_tensor_values():
+    with pytest.raises(TraceError, match="tensor values"):
+        kl.compile(bad.ValueDependentBranch(), (X,), arch=90)
+
+
+def test_tuple_argument_names_kernel_and_argument():
+    with pytest.raises(UnsupportedKernelError, match=r"kernel copy_kernel: argument 'n'.*tuple"):
+        kl.compile(bad.TupleArgument(), (X,), arch=90)
+
+
+def test_tensor_descriptor_argument_names_kernel_and_argument():
+    with pytest.raises(UnsupportedKernelError,
+                       match=r"kernel copy_kernel: argument 'x_ptr' of type TensorDescriptor"):
+        kl.compile(bad.DescriptorArgument(), (X,), arch=90)
+
+
+def test_undeclarable_dynamic_range_size_zero():
+    n = torch.export.Dim("n", min=0, max=64)
+    with pytest.raises(TraceError, match="declared dynamic range|Dim"):
+        kl.compile(bad.Copy(), (torch.randn(1),), dynamic_shapes=({0: n},), arch=90)
+
+
+def test_forward_without_kernels():
+    with pytest.raises(CaptureError, match="no @triton.jit kernel"):
+        kl.compile(bad.NoKernel(), (X,), arch=90)
+
+
+def test_kernel_without_retrievable_source(tmp_path):
+    src = tmp_path / "vanishing_kernel.py"
+    src.write_text(textwrap.dedent('''
+        import torch, triton, triton.language as tl
+
+        @triton.jit
+        def vanishing(x_ptr, out_ptr, BLOCK: tl.constexpr):
+            offs = tl.arange(0, BLOCK)
+            tl.store(out_ptr + offs, tl.load(x_ptr + offs))
+
+        class M(torch.nn.Module):
+            def forward(self, x):
+                out = torch.empty_like(x)
+                vanishing[(1,)](x, out, BLOCK=16)
+                return out
+    '''))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        module = importlib.import_module("vanishing_kernel")
+        src.unlink()  # source gone after import, as with a deleted or zipped .pyc-only module
+        linecache.clearcache()
+        with pytest.raises(KernelSourceError, match="vanishing.*cannot be retrieved"):
+            kl.compile(module.M(), (torch.randn(16),), arch=90)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("vanishing_kernel", None)
+
+
+def test_unknown_role_override_target():
+    with pytest.raises(UnsupportedKernelError, match="nope"):
+        kl.compile(bad.Copy(), (X,), arch=90, roles={"nope": {"x_ptr": "input"}})
+    with pytest.raises(UnsupportedKernelError, match="no parameter 'zz'"):
+        kl.compile(bad.Copy(), (X,), arch=90, roles={"copy_kernel": {"zz": "input"}})
+
+
+def test_every_error_is_a_kernel_lens_error():
+    for cls in (CaptureError, TraceError, UnsupportedKernelError, KernelSourceError):
+        assert issubclass(cls, KernelLensError)

@@ -1,0 +1,113 @@
+"""PassManager: ordering by requires/provides, checks, verification, timing, dumps, custom passes."""
+
+from __future__ import annotations
+
+import pytest
+
+import kernel_lens as kl
+from kernel_lens.errors import PassError, PostconditionError, PreconditionError
+from kernel_lens.ir import GraphIR
+from kernel_lens.compiler import pass_context
+from kernel_lens.passes import (Pass, PassContext, PassManager, PassResult, RoleInference,
+                                default_pipeline, dump_to_dir, verify)
+
+from conftest import EXAMPLES, load_module
+
+
+@pytest.fixture(scope="module")
+def toy_ir() -> GraphIR:
+    m = load_module(EXAMPLES / "toy_two_kernels.py")
+    return kl.lift(m.model, m.example_inputs, dynamic_shapes=m.dynamic_shapes, arch=90)
+
+
+def _pass(name, requires=(), provides=(), action=None):
+    class P(Pass):
+        def run(self, ir, ctx):
+            if action:
+                action(ir)
+            return PassResult(ir, action is not None)
+    P.name, P.requires, P.provides = name, frozenset(requires), frozenset(provides)
+    return P()
+
+
+def test_default_order_follows_dependencies():
+    names = [p.name for p in default_pipeline().order()]
+    assert names == ["role-inference", "grid-canonicalization", "specialization", "ptx-isa-clamp"]
+
+
+def test_order_is_by_facts_not_insertion():
+    pm = PassManager([_pass("c", requires={"b"}), _pass("b", requires={"a"}, provides={"b"}),
+                      _pass("a", provides={"a"})])
+    assert [p.name for p in pm.order()] == ["a", "b", "c"]
+
+
+def test_missing_requirement_and_cycle_are_errors():
+    with pytest.raises(PreconditionError, match="requires 'x'"):
+        PassManager([_pass("a", requires={"x"})]).order()
+    with pytest.raises(PassError, match="cycle"):
+        PassManager([_pass("a", requires={"b"}, provides={"a"}),
+                     _pass("b", requires={"a"}, provides={"b"})]).order()
+    with pytest.raises(PassError, match="already"):
+        PassManager([_pass("a"), _pass("a")])
+
+
+def test_pipeline_runs_records_facts_timings_and_does_not_mutate_input(toy_ir):
+    before = toy_ir.to_json()
+    pm = default_pipeline()
+    out = pass_context()  # the default context with a compiler
+    ir = pm.run(toy_ir, out)
+    assert toy_ir.to_json() == before
+    assert ir.passes_run == ["role-inference", "grid-canonicalization", "specialization",
+                             "ptx-isa-clamp"]
+    assert {"roles", "canonical-symbolic", "guarded-binaries"} <= set(ir.facts)
+    assert [t.name for t in pm.timings] == ir.passes_run
+    assert all(t.seconds >= 0 for t in pm.timings)
+
+
+def test_custom_pass_inserted_from_python_with_dump_and_stop(toy_ir, tmp_path):
+    seen = []
+
+    def count_launches(ir):
+        seen.append(len(ir.launches))
+        ir.name = "renamed"
+    pm = default_pipeline().add(_pass("count", requires={"roles"}, action=count_launches))
+    assert [p.name for p in pm.order()][-1] == "count"
+    pm = PassManager([_pass("count", requires={"roles"}, action=count_launches), RoleInference()])
+    assert [p.name for p in pm.order()] == ["role-inference", "count"]
+    dumps = []
+    ir = pm.run(toy_ir, PassContext(), stop_after="count",
+                dump_after=["count"], dump=lambda name, ir: dumps.append((name, ir.name)))
+    assert seen == [2] and dumps == [("count", "renamed")]
+    assert ir.passes_run == ["role-inference", "count"]
+    pm2 = default_pipeline()
+    pm2.run(toy_ir, pass_context(), dump_after=["role-inference"],
+            dump=dump_to_dir(tmp_path))
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["01-role-inference.json"]
+    assert GraphIR.load(tmp_path / files[0]).passes_run == ["role-inference"]
+
+
+def test_invariants_are_verified_between_passes(toy_ir):
+    def corrupt(ir):
+        ir.launches[0].args = ir.launches[0].args[:-1]
+    pm = PassManager([_pass("corrupt", action=corrupt)], verify=verify)
+    with pytest.raises(PostconditionError, match="corrupt"):
+        pm.run(toy_ir, PassContext())
+
+
+def test_ensures_is_checked(toy_ir):
+    class Liar(Pass):
+        name, provides = "liar", frozenset({"roles"})
+
+        def run(self, ir, ctx):
+            return PassResult(ir, False)
+
+        def ensures(self, ir):
+            raise PostconditionError("liar did not set roles")
+    with pytest.raises(PostconditionError, match="liar"):
+        PassManager([Liar()]).run(toy_ir, PassContext())
+
+
+def test_unknown_dump_or_stop_pass_is_an_error(toy_ir):
+    with pytest.raises(PassError, match="no pass named 'nope'"):
+        default_pipeline().run(toy_ir, PassContext(), stop_after="nope")

@@ -1,0 +1,49 @@
+"""Symbolic helpers: sound interval bounds, torch -> plain sympy conversion."""
+
+from __future__ import annotations
+
+import sympy
+from hypothesis import given, settings, strategies as st
+
+from kernel_lens.ir import evaluate, symbol
+from kernel_lens.ir.symbolic import bounds, to_plain_sympy
+
+n, m = symbol("n"), symbol("m")
+leaf = st.one_of(st.sampled_from([n, m]), st.integers(-20, 100).map(sympy.Integer))
+exprs = st.recursive(leaf, lambda inner: st.one_of(
+    st.tuples(inner, inner).map(lambda t: t[0] + t[1]),
+    st.tuples(inner, inner).map(lambda t: t[0] * t[1]),
+    st.tuples(inner, inner).map(lambda t: t[0] - t[1]),
+    st.tuples(inner, st.integers(1, 64)).map(lambda t: sympy.floor(t[0] / t[1])),
+    st.tuples(inner, st.integers(1, 64)).map(lambda t: sympy.ceiling(t[0] / t[1])),
+    st.tuples(inner, st.integers(1, 64)).map(lambda t: sympy.Mod(t[0], t[1])),
+    st.tuples(inner, inner).map(lambda t: sympy.Min(t[0], t[1])),
+    st.tuples(inner, inner).map(lambda t: sympy.Max(t[0], t[1])),
+), max_leaves=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(expr=exprs, nlo=st.integers(0, 50), nspan=st.integers(0, 500), mlo=st.integers(0, 50),
+       mspan=st.integers(0, 50), data=st.data())
+def test_bounds_contain_every_value(expr, nlo, nspan, mlo, mspan, data):
+    ranges = {"n": (nlo, nlo + nspan), "m": (mlo, mlo + mspan)}
+    lo, hi = bounds(expr, ranges)
+    values = {"n": data.draw(st.integers(nlo, nlo + nspan)),
+              "m": data.draw(st.integers(mlo, mlo + mspan))}
+    v = evaluate(expr, values)
+    assert lo <= v <= hi
+
+
+def test_unbounded_symbol_gives_infinite_upper_bound():
+    assert bounds(4 * n + 3, {"n": (2, None)}) == (11, sympy.oo)
+
+
+def test_torch_functions_become_plain_sympy():
+    from torch.utils._sympy.functions import CeilDiv, FloorDiv, ModularIndexing, PythonMod
+
+    s = sympy.Symbol("s0", integer=True, positive=True)
+    assert to_plain_sympy(FloorDiv(s + 31, 32)) == sympy.floor((symbol("s0") + 31) / 32)
+    assert [evaluate(to_plain_sympy(CeilDiv(s, 8)), {"s0": v}) for v in (0, 1, 8, 9)] == [0, 1, 1, 2]
+    assert to_plain_sympy(PythonMod(s, 7)) == sympy.Mod(symbol("s0"), 7)
+    e = to_plain_sympy(ModularIndexing(s, 4, 8))
+    assert evaluate(e, {"s0": 45}) == (45 // 4) % 8
