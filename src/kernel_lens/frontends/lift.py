@@ -186,8 +186,8 @@ class _Symbols:
         preferred = _dim_name(self.dynamic_shapes, i, input_name, d) if scale == 1 else None
         name = self._name(preferred, len(self.table))
         vr = self.ranges.get(str(expr))
-        lower = int(vr.lower) if vr is not None and vr.lower.is_finite else 0
-        upper = int(vr.upper) if vr is not None and vr.upper.is_finite else None
+        lower = int(vr.lower) if vr is not None and vr.lower.is_Integer else 0
+        upper = int(vr.upper) if vr is not None and vr.upper.is_Integer else None
         self.rename[sympy.Symbol(expr.name, integer=True, nonnegative=True)] = symbol(name)
         self.rename[expr] = symbol(name)
         self.table[name] = SymbolInfo(input=i, dim=d, min=lower, max=upper, example=example,

@@ -1,0 +1,103 @@
+"""The kernel_lens command line, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kernel_lens.ir import GraphIR
+
+from conftest import EXAMPLES, ROOT
+
+TOY = str(EXAMPLES / "toy_two_kernels.py")
+
+
+def kl(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "kernel_lens.cli", *args], capture_output=True,
+                          text=True, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"kernel_lens {' '.join(args)} failed:\n{proc.stderr}")
+    return proc
+
+
+def test_version():
+    out = kl("--version").stdout
+    assert out.startswith("kernel_lens ")
+
+
+def test_passes_lists_pipeline_in_order():
+    lines = kl("passes").stdout.splitlines()
+    assert [l.split()[1] for l in lines] == ["role-inference", "grid-canonicalization",
+                                             "specialization", "ptx-isa-clamp"]
+
+
+def test_schema():
+    schema = json.loads(kl("dump-ir", "--schema").stdout)
+    assert schema["title"] == "GraphIR" and "launches" in schema["properties"]
+
+
+@pytest.fixture(scope="module")
+def toy_json():
+    return json.loads(kl("dump-ir", TOY, "--json").stdout)
+
+
+def test_dump_ir_json_contract(toy_json):
+    assert toy_json["symbols"] == {"n": {"input": 0, "dim": 0, "min": 2, "max": 1 << 20,
+                                         "example": 1000, "scale": 1, "offset": 0}}
+    first = toy_json["launches"][0]
+    assert first["kernel"] == "add_kernel"
+    assert first["grid"] == ["floor(n/256 + 255/256)", "1", "1"]
+    assert [(a["name"], a["role"]) for a in first["args"]] == [
+        ("x_ptr", "input"), ("y_ptr", "input"), ("out_ptr", "output"),
+        ("n_elements", "scalar"), ("BLOCK_SIZE", "constexpr")]
+    GraphIR.model_validate(toy_json)
+
+
+def test_dump_ir_after_a_pass_and_before_all(toy_json):
+    after = json.loads(kl("dump-ir", TOY, "--json", "--after", "role-inference").stdout)
+    assert after["passes_run"] == ["role-inference"]
+    raw = json.loads(kl("dump-ir", TOY, "--json", "--after", "none").stdout)
+    assert raw["passes_run"] == [] and raw["launches"][0]["args"][0]["role"] is None
+
+
+def test_dump_ir_readable():
+    out = kl("dump-ir", TOY).stdout
+    assert "launch add_kernel[grid=((n + 255)//256, 1, 1)]" in out
+    assert "x_ptr=%x:input" in out and "pass timings:" in out
+
+
+def test_compile_writes_and_prints_artifacts(tmp_path):
+    out = kl("compile", TOY, "--arch", "sm_80", "-o", str(tmp_path),
+             "--dump-after", "role-inference").stdout
+    ir_path = tmp_path / "ToyModel.ir.json"
+    assert f"ir: {ir_path}" in out and f"summary: {tmp_path / 'ToyModel.summary.txt'}" in out
+    ir = GraphIR.load(ir_path)
+    assert ir.arch == 80 and all(".target sm_80" in b.ptx for k in ir.kernels.values()
+                                 for b in k.binaries)
+    assert (tmp_path / "dumps" / "01-role-inference.json").is_file()
+
+
+def test_ptx_clamp_from_cli(tmp_path):
+    kl("compile", TOY, "--cuda-version", "12.4", "-o", str(tmp_path))
+    ir = GraphIR.load(tmp_path / "ToyModel.ir.json")
+    for k in ir.kernels.values():
+        for b in k.binaries:
+            assert b.ptx_version == "8.4" and ".version 8.4" in b.ptx
+
+
+def test_errors_exit_nonzero_with_a_message(tmp_path):
+    missing = kl("compile", str(tmp_path / "nope.py"), check=False)
+    assert missing.returncode == 1 and "does not exist" in missing.stderr
+    empty = tmp_path / "empty_model.py"
+    empty.write_text("x = 1\n")
+    proc = kl("dump-ir", str(empty), check=False)
+    assert proc.returncode == 1 and "must define model and example_inputs" in proc.stderr
+    proc = kl("dump-ir", TOY, "--after", "bogus", check=False)
+    assert proc.returncode == 1 and "no pass named 'bogus'" in proc.stderr
+    proc = kl("compile", TOY, "--arch", "banana", check=False)
+    assert proc.returncode == 2 and "--arch" in proc.stderr
+    bad = str(ROOT / "tests" / "models" / "bad_kernels.py")
+    assert kl("dump-ir", bad, check=False).returncode == 1
