@@ -26,6 +26,10 @@ class _PythonIntPrinter(StrPrinter):
     def _print_Mod(self, expr):
         return f"({self._print(expr.args[0])}) % {self.parenthesize(expr.args[1], 100)}"
 
+    def _print_Relational(self, expr):
+        op = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}[expr.rel_op]
+        return f"{self._print(expr.lhs)} {op} {self._print(expr.rhs)}"
+
 
 def pretty(text: str, names: Iterable[str] = ()) -> str:
     return _PythonIntPrinter().doprint(parse(text, names))
@@ -98,6 +102,9 @@ def summarize(ir: GraphIR, timings: Iterable = ()) -> str:
                        f"cubin {len(b.cubin)} B, shared {b.shared_mem} B, "
                        f"scratch {b.global_scratch_size} B, warps {b.num_warps}")
             out.append(f"      abi({abi})")
+            assumed = [f"{n}:{f}" for n, spec in b.assumptions.items()
+                       for f in ("aligned16", "divisible16", "equal_to_1", "int32") if getattr(spec, f)]
+            out.append(f"      assumes: {', '.join(assumed) or 'nothing'}")
     timings = list(timings)
     if timings:
         out.append("pass timings:")
@@ -116,4 +123,8 @@ def _launch(ir: GraphIR, launch: Launch, names) -> str:
             args.append(f"{a.name}={pretty(a.expr, names)}")
         else:
             args.append(f"{a.name}={a.constant!r}")
-    return f"  launch {launch.kernel}[grid=({grid})]({', '.join(args)})"
+    line = f"  launch {launch.kernel}[grid=({grid})]({', '.join(args)})"
+    for name, guard in launch.guards.items():
+        picks = ", ".join(f"{d.when[name]} -> {d.kernel}" for d in launch.dispatch)
+        line += f"\n      guard {name} = {pretty(guard, names)}   dispatch: {picks}"
+    return line

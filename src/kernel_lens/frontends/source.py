@@ -90,8 +90,6 @@ def describe(jit_fn: Any, kernel: str) -> tuple[SourceInfo, list[Any]]:
         callees[name] = target
         if target.startswith("jit:"):
             called.append(value)
-        if isinstance(value, types.ModuleType) and not target.startswith("triton.language"):
-            continue
     # Attribute access on plain modules (e.g. `helpers.load_row`) resolves through the module.
     for node in ast.walk(ast.parse(text)):
         if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)

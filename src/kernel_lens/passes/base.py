@@ -166,13 +166,6 @@ class PassManager:
                 break
         return ir
 
-    def describe(self) -> list[dict]:
-        return [{"name": p.name, "requires": sorted(p.requires), "provides": sorted(p.provides),
-                 "description": p.description} for p in self.order(self._facts_none())]
-
-    @staticmethod
-    def _facts_none() -> set[str]:
-        return set()
 
 
 def dump_to_dir(directory: str | Path) -> Callable[[str, GraphIR], None]:

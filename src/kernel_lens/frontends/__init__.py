@@ -1,0 +1,1 @@
+"""Front-ends: launch capture, symbolic trace and AOT compilation, joined into GraphIR."""

@@ -1,0 +1,1 @@
+"""Targets consume GraphIR and emit native plugins (ONNX Runtime, TensorRT, third parties)."""

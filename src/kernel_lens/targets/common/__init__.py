@@ -1,0 +1,1 @@
+"""C++ pieces shared by every target (symbolic integer helpers, ...)."""
