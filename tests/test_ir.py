@@ -10,7 +10,8 @@ from hypothesis import given, settings, strategies as st
 
 import kernel_lens as kl
 from kernel_lens.errors import IRError
-from kernel_lens.ir import SCHEMA_VERSION, GraphIR, format_expr, json_schema, parse, symbol
+from kernel_lens.ir import (SCHEMA_VERSION, GraphIR, evaluate, format_expr, json_schema,
+                            parse, symbol)
 
 from conftest import EXAMPLES, load_module
 
@@ -42,11 +43,13 @@ exprs = _exprs(S)
 
 
 @settings(max_examples=150, deadline=None)
-@given(exprs)
-def test_expression_strings_round_trip(expr):
-    text = format_expr(expr)
-    assert parse(text, ["n", "seq", "s2"]) == expr
-    assert format_expr(parse(text)) == text
+@given(exprs, st.integers(0, 5000), st.integers(0, 5000), st.integers(0, 5000))
+def test_expression_strings_round_trip(expr, a, b, c):
+    text = format_expr(parse(format_expr(expr), ["n", "seq", "s2"]))
+    again = parse(text, ["n", "seq", "s2"])
+    assert format_expr(again) == text  # once normalized, the string is a fixed point
+    values = {"n": a, "seq": b, "s2": c}
+    assert evaluate(again, values) == evaluate(expr, values)
 
 
 @settings(max_examples=40, deadline=None)
