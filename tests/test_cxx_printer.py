@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import sympy
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import kernel_lens
@@ -220,7 +220,17 @@ def cases(draw: st.DrawFn) -> tuple[sympy.Expr, dict[sympy.Symbol, int]] | None:
     return expr, {s: draw(value) for s in symbols}
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+# Each example is a whole batch compiled by one g++ call, and a failure lists every wrong case
+# with its C++, so shrinking (hundreds of compiles) is skipped.
+NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate]
+
+
+@settings(
+    max_examples=10,
+    deadline=None,
+    phases=NO_SHRINK,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(batch=st.lists(cases(), min_size=30, max_size=50), use_dims=st.booleans())
 def test_random_expressions_match_python(batch, use_dims, tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("random")
@@ -247,7 +257,7 @@ def test_random_expressions_match_python(batch, use_dims, tmp_path_factory):
 # ----------------------------------------------------------------------------- the header alone
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=10, deadline=None, phases=NO_SHRINK)
 @given(
     pairs=st.lists(
         st.tuples(

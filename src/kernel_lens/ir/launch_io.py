@@ -1,0 +1,120 @@
+"""How one launch becomes one graph node: its inputs, outputs and where its symbols come from.
+
+Shared by the ONNX lowering (which wires the node) and every target (whose generated code reads
+the node's inputs and writes its outputs in exactly this order). Derived from the IR alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .graph import GraphIR, Launch
+from .kernel import ParamKind
+from .symbolic import parse
+
+# torch ops that only allocate: a kernel that fully owns such a buffer produces it as an output.
+ALLOCATING_OPS = frozenset({"aten.empty_like.default", "aten.empty.memory_format",
+                            "aten.empty_strided.default", "aten.new_empty.default"})
+
+
+@dataclass(frozen=True)
+class SymbolSource:
+    """symbol = (dims of node input ``input`` at ``dim`` - offset) / scale."""
+
+    input: int
+    dim: int
+    scale: int = 1
+    offset: int = 0
+
+
+@dataclass
+class LaunchIO:
+    """The node for one launch. Inputs are IR value names; outputs are (value, new name)."""
+
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[tuple[str, str]] = field(default_factory=list)
+    # per written value: the node input holding its initial contents (inplace), or None (fresh)
+    copy_from: dict[str, int | None] = field(default_factory=dict)
+    # per tensor parameter: ("in", input index) or ("out", output index)
+    bindings: dict[str, tuple[str, int]] = field(default_factory=dict)
+    symbols: dict[str, SymbolSource] = field(default_factory=dict)
+
+
+def root_of(ir: GraphIR, value: str) -> str:
+    """The tensor owning ``value``'s memory: follow views and in-place ops to their source.
+
+    A kernel handed a view (transpose, slice, ...) receives the root's memory plus the view's
+    storage offset and strides, exactly as torch passes it, so no copy changes the layout.
+    """
+    producers = {out: op for op in ir.ops for out in op.outputs}
+    seen = set()
+    while value in producers and producers[value].aliases and value not in seen:
+        seen.add(value)
+        value = producers[value].aliases[0]
+    return value
+
+
+def fresh_allocation(ir: GraphIR, value: str) -> bool:
+    """True when ``value`` comes straight from an allocating torch op (contents undefined)."""
+    producer = next((op for op in ir.ops if value in op.outputs), None)
+    return producer is not None and producer.op in ALLOCATING_OPS
+
+
+def symbols_used(ir: GraphIR, launch: Launch) -> list[str]:
+    """Symbols the node needs at run time: grid, scalars, guards, output shapes and strides."""
+    names = list(ir.symbols)
+    texts = [*launch.grid, *launch.guards.values()]
+    for arg in launch.args:
+        if arg.expr is not None:
+            texts.append(arg.expr)
+        if arg.value is not None and arg.role in ("output", "inplace"):
+            texts += ir.values[root_of(ir, arg.value)].shape
+        if arg.storage_offset is not None:
+            texts.append(arg.storage_offset)
+    used = set()
+    for text in texts:
+        used |= {s.name for s in parse(text, names).free_symbols}
+    return [n for n in names if n in used]
+
+
+def launch_io(ir: GraphIR, launch: Launch, version_suffix: str) -> LaunchIO:
+    """Node wiring for ``launch``; written values get the name ``f"{value}{version_suffix}"``
+    unless the node creates them (fresh allocations keep their name)."""
+    kernel = ir.kernels[launch.kernel]
+    io = LaunchIO()
+    # (argument, root value whose memory it points into)
+    tensor_args = [(a, root_of(ir, a.value)) for a in launch.args
+                   if kernel.param(a.name).kind == ParamKind.tensor and a.value is not None]
+    written = {r for a, r in tensor_args if a.role in ("output", "inplace")}
+    # a write through a view, or a partial write, keeps the rest of the root: it is read too
+    read = {r for a, r in tensor_args if a.role in ("input", "inplace") or a.value != r}
+    for _, root in tensor_args:  # inputs: read values and initial contents of inplace values
+        needs_input = root in read or (root in written and not fresh_allocation(ir, root))
+        if needs_input and root not in io.inputs:
+            io.inputs.append(root)
+    for _, root in tensor_args:
+        if root in written and all(v != root for v, _ in io.outputs):
+            fresh = root not in read and fresh_allocation(ir, root)
+            io.outputs.append((root, root if fresh else f"{root}{version_suffix}"))
+            io.copy_from[root] = None if fresh else io.inputs.index(root)
+    out_index = {v: i for i, (v, _) in enumerate(io.outputs)}
+    for arg, root in tensor_args:
+        if root in out_index:
+            io.bindings[arg.name] = ("out", out_index[root])
+        else:
+            io.bindings[arg.name] = ("in", io.inputs.index(root))
+    for sym in symbols_used(ir, launch):
+        io.symbols[sym] = _symbol_source(ir, io, sym)
+    return io
+
+
+def _symbol_source(ir: GraphIR, io: LaunchIO, sym: str) -> SymbolSource:
+    for i, value in enumerate(io.inputs):
+        for d, dim in enumerate(ir.values[value].shape):
+            if dim == sym:
+                return SymbolSource(i, d)
+    info = ir.symbols[sym]
+    graph_input = ir.inputs[info.input]
+    if graph_input not in io.inputs:
+        io.inputs.append(graph_input)  # a shape-only input: the node reads its dims, not its data
+    return SymbolSource(io.inputs.index(graph_input), info.dim, info.scale, info.offset)
