@@ -16,7 +16,7 @@ except PackageNotFoundError:  # running from a source tree
 
 def __getattr__(name: str):
     # Heavy imports (torch, triton) only when the API is used, so `--version` stays instant.
-    if name in ("compile", "CompiledModel"):
+    if name in ("compile", "CompiledModel", "load"):
         from . import compiler
         return getattr(compiler, name)
     if name == "lift":
@@ -28,8 +28,12 @@ def __getattr__(name: str):
     if name == "GraphIR":
         from .ir import GraphIR
         return GraphIR
+    if name in ("register_target", "Target", "available_targets"):
+        from .targets import base
+        return getattr(base, name)
     raise AttributeError(f"module 'kernel_lens' has no attribute {name!r}")
 
 
 __all__ = ["CompiledModel", "GraphIR", "KernelLensError", "Pass", "PassContext", "PassManager",
-           "PassResult", "compile", "default_pipeline", "lift", "__version__"]
+           "PassResult", "Target", "available_targets", "compile", "default_pipeline", "lift",
+           "load", "register_target", "__version__"]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from .errors import KernelLensError
 from .frontends.aot import compile_binary
 from .frontends.lift import lift_with_outputs
 from .ir import GraphIR
@@ -16,19 +18,26 @@ from .summary import summarize
 log = logging.getLogger(__name__)
 
 
+MANIFEST = "kernel_lens.json"
+
+
 @dataclass
 class CompiledModel:
-    """The result of :func:`compile`: the final IR and where artifacts were written."""
+    """The result of :func:`compile` (or :func:`load`): the final IR and its artifacts."""
 
     ir: GraphIR
     example_outputs: Any = None  # what the eager forward returned during capture
     timings: list[PassTiming] = field(default_factory=list)
     artifacts: dict[str, Path] = field(default_factory=dict)
+    _runner: Any = field(default=None, repr=False)
 
     def summary(self) -> str:
         return summarize(self.ir, self.timings)
 
-    def write(self, directory: str | Path) -> dict[str, Path]:
+    def write(self, directory: str | Path, targets: Iterable[str] = ()) -> dict[str, Path]:
+        """Write the IR, the summary and each target's artifacts into ``directory``."""
+        from .targets.base import get_target
+
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         stem = self.ir.name
@@ -36,7 +45,40 @@ class CompiledModel:
         summary_path = directory / f"{stem}.summary.txt"
         summary_path.write_text(self.summary())
         self.artifacts.update({"ir": ir_path, "summary": summary_path})
+        for name in targets:
+            log.info("building target %s", name)
+            for kind, path in get_target(name).build(self.ir, directory).items():
+                self.artifacts[f"{name}.{kind}"] = path
+        manifest = {k: str(v.relative_to(directory)) for k, v in self.artifacts.items()
+                    if v.is_relative_to(directory)}
+        (directory / MANIFEST).write_text(json.dumps({"name": stem, "artifacts": manifest}, indent=1))
         return dict(self.artifacts)
+
+    def run(self, *tensors: Any, out: Any = None) -> Any:
+        """Run the compiled model (ONNX Runtime, CUDA EP) on torch CUDA tensors."""
+        if self._runner is None:
+            if "ort.onnx" not in self.artifacts or "ort.library" not in self.artifacts:
+                raise KernelLensError("this model was not built for the 'ort' target; compile with "
+                                      "targets=['ort'] and an output_dir")
+            from .runtime.ort import OrtModel
+
+            self._runner = OrtModel(self.ir, self.artifacts["ort.onnx"], self.artifacts["ort.library"])
+        return self._runner.run(*tensors, out=out)
+
+
+def load(directory: str | Path) -> CompiledModel:
+    """Reopen a compiled artifact folder without recompiling anything."""
+    directory = Path(directory)
+    manifest_path = directory / MANIFEST
+    if not manifest_path.is_file():
+        raise KernelLensError(f"{directory} is not a kernel_lens output folder (no {MANIFEST}); "
+                              f"create one with kernel_lens compile FILE.py -o {directory}")
+    manifest = json.loads(manifest_path.read_text())
+    artifacts = {k: directory / v for k, v in manifest["artifacts"].items()}
+    missing = [str(p) for p in artifacts.values() if not p.exists()]
+    if missing:
+        raise KernelLensError(f"{directory}: artifacts missing: {', '.join(missing)}")
+    return CompiledModel(GraphIR.load(artifacts["ir"]), artifacts=artifacts)
 
 
 def pass_context(options: dict | None = None) -> PassContext:
@@ -47,19 +89,24 @@ def compile(model: Callable, example_inputs: Iterable[Any], *, dynamic_shapes: A
             arch: int | None = None, roles: dict[str, dict[str, str]] | None = None,
             autotune: dict[str, dict] | None = None, pass_manager: PassManager | None = None,
             options: dict | None = None, output_dir: str | Path | None = None,
+            targets: Iterable[str] = (),
             stop_after: str | None = None, dump_after: Iterable[str] = (),
             dump: Callable[[str, GraphIR], None] | None = None) -> CompiledModel:
     """Lift ``model`` into GraphIR and run the pass pipeline over it.
 
     ``dynamic_shapes`` follows torch.export; ``roles`` overrides role inference per kernel
     (``{"kernel": {"param": "input"}}``); ``autotune`` picks a config per autotuned kernel
-    (``{"kernel": {"BLOCK": 128}}``); ``options`` configure passes (e.g. ``ptx_version``).
+    (``{"kernel": {"BLOCK": 128}}``); ``options`` configure passes (e.g. ``ptx_version``);
+    ``targets`` (e.g. ``["ort"]``) are built into ``output_dir``.
     """
     ir, outputs = lift_with_outputs(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes,
                                     arch=arch, roles=roles, autotune=autotune)
     pm = pass_manager or default_pipeline()
     ir = pm.run(ir, pass_context(options), stop_after=stop_after, dump_after=dump_after, dump=dump)
     compiled = CompiledModel(ir, outputs, list(pm.timings))
+    targets = list(targets)
+    if targets and output_dir is None:
+        raise KernelLensError(f"targets {targets} write files: pass output_dir=")
     if output_dir is not None:
-        compiled.write(output_dir)
+        compiled.write(output_dir, targets)
     return compiled

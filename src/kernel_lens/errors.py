@@ -53,3 +53,11 @@ class PreconditionError(PassError):
 
 class PostconditionError(PassError):
     """A pass did not provide what it declared."""
+
+
+class ToolchainError(KernelLensError):
+    """A compiler or third-party header folder needed to build a plugin cannot be found."""
+
+
+class BuildError(KernelLensError):
+    """Compiling or linking a generated plugin library failed."""

@@ -192,11 +192,8 @@ class Int64CxxPrinter(CXX17CodePrinter):
         return expr
 
     def _split(self, arg: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]:
-        """``arg`` as numerator, denominator: integer-coefficient expressions, denominator > 0 if constant."""
-        num, den = sympy.fraction(sympy.together(self._rationalize(sympy.sympify(arg))))
-        if den.is_Integer and den < 0:
-            num, den = -num, -den
-        return num, den
+        """``arg`` as (numerator, denominator); both are printed, so non-integer leftovers still raise."""
+        return sympy.fraction(sympy.together(self._rationalize(sympy.sympify(arg))))
 
     def _print_rounded_division(self, expr: sympy.Basic, arg: sympy.Expr, helper: str) -> str:
         if arg.has(sympy.Float):

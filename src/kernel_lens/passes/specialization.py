@@ -35,7 +35,8 @@ def guaranteed(ir: GraphIR, kernel: KernelIR) -> dict[str, Specialization]:
     """The subset of the kernel's assumptions that hold for every launch and every input."""
     names = ir.symbol_names()
     ranges = {n: (s.min, s.max) for n, s in ir.symbols.items()}
-    launches = [l for l in ir.launches if l.kernel == kernel.id]
+    launches = [l for l in ir.launches
+                if l.kernel == kernel.id or any(d.kernel == kernel.id for d in l.dispatch)]
     out: dict[str, Specialization] = {}
     for pname, spec in kernel.specialization.items():
         param = kernel.param(pname)

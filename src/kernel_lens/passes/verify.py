@@ -30,6 +30,10 @@ def verify(ir: GraphIR) -> None:
         flags = [b.specialized for b in kernel.binaries]
         if flags != sorted(flags, reverse=True):
             raise IRError(f"kernel {kid}: the specialized binary must come before the generic one")
+    used = {k for l in ir.launches for k in [l.kernel, *(d.kernel for d in l.dispatch)]}
+    for kid in ir.kernels:
+        if kid not in used:
+            raise IRError(f"kernel {kid} is not launched by any launch")
     for launch in ir.launches:
         kernel = ir.kernels[launch.kernel]
         if [a.name for a in launch.args] != [p.name for p in kernel.params]:

@@ -1,0 +1,1 @@
+"""Running compiled artifacts from Python: ONNX Runtime sessions over torch tensors."""

@@ -1,0 +1,155 @@
+"""Run a kernel_lens ONNX model with ONNX Runtime's CUDA EP on torch tensors, zero-copy.
+
+Inputs and outputs are bound with IOBinding to torch's memory; the session runs on torch's
+current CUDA stream (ORT's ``user_compute_stream``), so no synchronization is added and the
+custom ops launch on the same stream torch uses.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import sympy
+import torch
+
+from ..errors import KernelLensError
+from ..ir import DType, GraphIR, evaluate, parse
+from ..ir.types import torch_name
+
+_NUMPY = {DType.fp32: np.float32, DType.fp16: np.float16, DType.fp64: np.float64,
+          DType.i64: np.int64, DType.i32: np.int32, DType.i16: np.int16, DType.i8: np.int8,
+          DType.u8: np.uint8, DType.i1: np.bool_}
+
+
+class InputError(KernelLensError):
+    """An input tensor does not match what the model was compiled for."""
+
+
+class OrtModel:
+    """An ONNX Runtime session over a compiled model, called with torch CUDA tensors."""
+
+    def __init__(self, ir: GraphIR, onnx_path: str | Path, library_path: str | Path) -> None:
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            raise KernelLensError("running needs onnxruntime-gpu: pip install 'kernel_lens[ort]'") from None
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise KernelLensError(
+                f"onnxruntime {ort.__version__} has no CUDAExecutionProvider "
+                f"({ort.get_available_providers()}); install onnxruntime-gpu")
+        self._ort = ort
+        self.ir = ir
+        self.onnx_path, self.library_path = str(onnx_path), str(library_path)
+        names = list(ir.symbols)
+        self._shape_fns = {
+            name: [sympy.lambdify(list(map(sympy.Symbol, names)), parse(s, names), "math")
+                   for s in ir.values[name].shape] for name in ir.outputs}
+        self._sessions: dict[tuple[int, int], object] = {}
+        model_outputs = [f"output_{i}" for i in range(len(ir.outputs))]
+        self._mutated = [o.name for o in self._session_meta() if o.name.startswith("mutated_")]
+        self._output_names = model_outputs
+
+    def _session_meta(self):
+        import onnx
+
+        return onnx.load(self.onnx_path, load_external_data=False).graph.output
+
+    def session(self, device: torch.device):
+        stream = torch.cuda.current_stream(device).cuda_stream
+        key = (device.index, stream)
+        if key not in self._sessions:
+            so = self._ort.SessionOptions()
+            so.register_custom_ops_library(self.library_path)
+            options = {"device_id": str(device.index)}
+            if stream:
+                options.update(has_user_compute_stream="1", user_compute_stream=str(stream))
+            self._sessions[key] = self._ort.InferenceSession(
+                self.onnx_path, so, providers=[("CUDAExecutionProvider", options)])
+        return self._sessions[key]
+
+    # --- validation --------------------------------------------------------------------------
+    def symbol_values(self, tensors: Sequence[torch.Tensor]) -> dict[str, int]:
+        ir = self.ir
+        if len(tensors) != len(ir.inputs):
+            raise InputError(f"{ir.name} takes {len(ir.inputs)} inputs ({', '.join(ir.inputs)}), "
+                             f"got {len(tensors)}")
+        device = None
+        for name, t in zip(ir.inputs, tensors):
+            value = ir.values[name]
+            if not isinstance(t, torch.Tensor):
+                raise InputError(f"input {name!r} must be a torch.Tensor, got {type(t).__name__}")
+            if t.device.type != "cuda":
+                raise InputError(f"input {name!r} is on {t.device}; move it to a CUDA device")
+            if device is not None and t.device != device:
+                raise InputError(f"input {name!r} is on {t.device}, other inputs on {device}")
+            device = t.device
+            if torch_name(value.dtype) != str(t.dtype).removeprefix("torch."):
+                raise InputError(f"input {name!r} has dtype {t.dtype}; the model was compiled for "
+                                 f"torch.{torch_name(value.dtype)}")
+            if t.dim() != len(value.shape):
+                raise InputError(f"input {name!r} has rank {t.dim()}, expected {len(value.shape)} "
+                                 f"(shape {value.shape})")
+            if not t.is_contiguous():
+                raise InputError(f"input {name!r} is not contiguous; pass x.contiguous()")
+        values: dict[str, int] = {}
+        for sym, info in ir.symbols.items():
+            size = tensors[info.input].shape[info.dim]
+            value, rest = divmod(size - info.offset, info.scale)
+            if rest or value < info.min or (info.max is not None and value > info.max):
+                hi = "inf" if info.max is None else info.max
+                raise InputError(
+                    f"input {ir.inputs[info.input]!r} dim {info.dim} = {size}: dynamic dim {sym} "
+                    f"must be in [{info.min}, {hi}]" + (f" with size {info.scale}*{sym}+{info.offset}"
+                                                        if info.scale != 1 or info.offset else ""))
+            values[sym] = value
+        for name, t in zip(ir.inputs, tensors):  # static dims and dims shared between inputs
+            for d, text in enumerate(ir.values[name].shape):
+                expected = evaluate(parse(text, list(values)), values)
+                if t.shape[d] != expected:
+                    raise InputError(f"input {name!r} dim {d} is {t.shape[d]}, expected {text} = {expected}")
+        return values
+
+    # --- running -----------------------------------------------------------------------------
+    def run(self, *tensors: torch.Tensor, out: Sequence[torch.Tensor] | None = None):
+        ir = self.ir
+        values = self.symbol_values(tensors)
+        device = tensors[0].device
+        args = [values[n] for n in ir.symbols]
+        outputs = []
+        for i, name in enumerate(ir.outputs):
+            value = ir.values[name]
+            shape = tuple(int(f(*args)) for f in self._shape_fns[name])
+            dtype = getattr(torch, torch_name(value.dtype))
+            if out is not None:
+                t = out[i]
+                if tuple(t.shape) != shape or t.dtype != dtype or t.device != device or not t.is_contiguous():
+                    raise InputError(f"out[{i}] must be a contiguous {dtype} tensor of shape {shape} on {device}")
+            else:
+                t = torch.empty(shape, dtype=dtype, device=device)
+            outputs.append(t)
+        session = self.session(device)
+        binding = session.io_binding()
+        for name, t in zip(ir.inputs, tensors):
+            binding.bind_input(name, "cuda", device.index, _np(ir.values[name].dtype), tuple(t.shape), t.data_ptr())
+        for oname, t, name in zip(self._output_names, outputs, ir.outputs):
+            binding.bind_output(oname, "cuda", device.index, _np(ir.values[name].dtype), tuple(t.shape), t.data_ptr())
+        mutated = []
+        for oname in self._mutated:
+            src = tensors[ir.inputs.index(oname.removeprefix("mutated_"))]
+            new = torch.empty_like(src)
+            binding.bind_output(oname, "cuda", device.index, _np(ir.values[oname.removeprefix("mutated_")].dtype),
+                                tuple(new.shape), new.data_ptr())
+            mutated.append((src, new))
+        session.run_with_iobinding(binding)
+        for src, new in mutated:  # the model mutates these inputs: so does the compiled model
+            src.copy_(new)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+def _np(dtype: DType):
+    try:
+        return _NUMPY[dtype]
+    except KeyError:
+        raise KernelLensError(f"binding {dtype.value} tensors from Python is not supported yet") from None

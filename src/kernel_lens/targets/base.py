@@ -1,0 +1,68 @@
+"""Targets: the plug-in point for back-ends.
+
+A target turns the final GraphIR into deployable artifacts. Targets are discovered the way
+Triton discovers its backends: from installed distributions, here through the entry-point
+group ``kernel_lens.targets`` (``name = "package.module:TargetClass"``). kernel_lens's own
+``ort`` target registers exactly like a third party's; :func:`register_target` adds one
+in-process (notebooks, tests).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import ClassVar
+
+from ..errors import KernelLensError
+from ..ir import GraphIR
+
+GROUP = "kernel_lens.targets"
+
+
+class Target(ABC):
+    """A back-end: reads only the IR, writes artifacts into a folder."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+
+    @abstractmethod
+    def build(self, ir: GraphIR, out_dir: Path) -> dict[str, Path]:
+        """Write this target's artifacts for ``ir`` into ``out_dir``; return them by kind."""
+
+
+_registered: dict[str, type[Target]] = {}
+
+
+def register_target(cls: type[Target]) -> type[Target]:
+    """Register a Target subclass in this process (usable as a class decorator)."""
+    if not (isinstance(cls, type) and issubclass(cls, Target) and cls.name):
+        raise KernelLensError(f"{cls!r} is not a Target subclass with a name")
+    _registered[cls.name] = cls
+    return cls
+
+
+def _entry_points() -> dict[str, object]:
+    return {ep.name: ep for ep in entry_points(group=GROUP)}
+
+
+def available_targets() -> dict[str, str]:
+    """Installed targets: name -> where it comes from."""
+    found = {name: ep.value for name, ep in _entry_points().items()}
+    found.update({name: f"{cls.__module__}:{cls.__qualname__} (registered)"
+                  for name, cls in _registered.items()})
+    return dict(sorted(found.items()))
+
+
+def get_target(name: str) -> Target:
+    if name in _registered:
+        return _registered[name]()
+    eps = _entry_points()
+    if name not in eps:
+        raise KernelLensError(
+            f"unknown target {name!r}; installed targets: {', '.join(available_targets()) or 'none'}. "
+            f"A third-party target registers under the entry-point group {GROUP!r}")
+    cls = eps[name].load()
+    if not (isinstance(cls, type) and issubclass(cls, Target)):
+        raise KernelLensError(f"entry point {name} = {eps[name].value} is not a kernel_lens Target")
+    return cls()

@@ -1,0 +1,53 @@
+"""ONNX Runtime target: an ONNX graph with kernel_lens custom nodes + one custom-op library."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+from ...ir import GraphIR
+from ...onnx import lower_to_onnx, save_onnx
+from ...toolchain.build import build_shared_library
+from ...toolchain.headers import find_ort_include, ort_api_version
+from ..base import Target
+from ..common.emit import common_headers, render_launches, templates
+
+log = logging.getLogger(__name__)
+HERE = Path(__file__).parent
+
+
+def op_types(ir: GraphIR) -> list[str]:
+    return sorted({launch.kernel for launch in ir.launches})
+
+
+def ort_sources(ir: GraphIR, api_version: int) -> dict[str, str]:
+    """Every C++ file of the custom-op library, by file name."""
+    env = templates(HERE)
+    return {
+        **common_headers(),
+        "kl_model.h": (HERE.parent / "common" / "kl_model.h").read_text(),
+        "kl_launches.cpp": render_launches(ir),
+        "kl_ort.cpp": env.get_template("kl_ort.cpp.j2").render(
+            ir=ir, op_types=op_types(ir), api_version=api_version),
+    }
+
+
+class OrtTarget(Target):
+    name = "ort"
+    description = "ONNX Runtime (CUDA EP): ONNX graph + OrtCustomOp library"
+
+    def build(self, ir: GraphIR, out_dir: Path) -> dict[str, Path]:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        include = find_ort_include()
+        api = ort_api_version(include)
+        model_path = out_dir / f"{ir.name}.onnx"
+        save_onnx(lower_to_onnx(ir), model_path)
+        library = build_shared_library(f"kl_{ir.name}_ort", ort_sources(ir, api),
+                                       include_dirs=[include], key_extra=f"ort-api-{api}")
+        lib_path = out_dir / f"libkl_{ir.name}_ort.so"
+        tmp = lib_path.with_suffix(".so.tmp")
+        shutil.copyfile(library, tmp)
+        tmp.replace(lib_path)
+        log.info("ort: wrote %s and %s", model_path, lib_path)
+        return {"onnx": model_path, "library": lib_path}

@@ -1,0 +1,81 @@
+"""Locate the C++ compiler (and optionally nvcc) used to build generated plugin libraries.
+
+Building needs only a host C++ compiler: generated code dlopen()s the CUDA driver, so no GPU,
+driver or CUDA toolkit is required. nvcc is optional (only for sources that need it).
+
+Variables, each checked first and an error when set to something that is not an executable:
+
+- ``KERNEL_LENS_CXX``, then ``CXX``: the C++ compiler (else ``g++``, ``c++``, ``clang++`` on PATH);
+- ``KERNEL_LENS_NVCC``: nvcc (else ``$CUDA_HOME/bin/nvcc``, ``nvcc`` on PATH, /usr/local/cuda/bin/nvcc);
+- ``KERNEL_LENS_CCBIN``: the host compiler nvcc uses (``-ccbin``; else the C++ compiler above).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from kernel_lens.errors import ToolchainError
+
+
+def _from_env(var: str, what: str) -> str | None:
+    value = os.environ.get(var)
+    if not value:
+        return None
+    found = shutil.which(os.path.expanduser(value))
+    if found is None:
+        raise ToolchainError(f"{var}={value} is not an executable {what}; set {var} to the path "
+                             f"of a {what}, or unset it")
+    return os.path.abspath(found)
+
+
+def find_cxx() -> str:
+    """Absolute path of the C++ compiler: $KERNEL_LENS_CXX, $CXX, then g++/c++/clang++ on PATH."""
+    for var in ("KERNEL_LENS_CXX", "CXX"):
+        found = _from_env(var, "C++ compiler")
+        if found:
+            return found
+    for name in ("g++", "c++", "clang++"):
+        found = shutil.which(name)
+        if found:
+            return os.path.abspath(found)
+    raise ToolchainError("no C++ compiler found: none of g++, c++, clang++ is on PATH; install one "
+                         "(e.g. apt-get install g++) or set KERNEL_LENS_CXX (or CXX) to its path")
+
+
+def find_nvcc() -> str | None:
+    """Absolute path of nvcc ($KERNEL_LENS_NVCC, $CUDA_HOME/bin/nvcc, PATH), or None if there is none."""
+    found = _from_env("KERNEL_LENS_NVCC", "nvcc")
+    if found:
+        return found
+    candidates = [str(Path(os.environ[v]).expanduser() / "bin" / "nvcc")
+                  for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
+    candidates += ["nvcc", "/usr/local/cuda/bin/nvcc"]
+    for candidate in candidates:
+        found = shutil.which(candidate)
+        if found:
+            return os.path.abspath(found)
+    return None
+
+
+def find_ccbin() -> str:
+    """Host compiler for nvcc (its ``-ccbin``): $KERNEL_LENS_CCBIN, else :func:`find_cxx`."""
+    return _from_env("KERNEL_LENS_CCBIN", "host compiler for nvcc") or find_cxx()
+
+
+@functools.lru_cache(maxsize=None)
+def toolchain_id(cxx: str) -> str:
+    """First line of ``cxx --version`` (e.g. 'g++ (Debian 12.2.0-14) 12.2.0'), for cache keys."""
+    try:
+        proc = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ToolchainError(f"cannot run '{cxx} --version': {exc}; set KERNEL_LENS_CXX to a "
+                             "working C++ compiler") from None
+    lines = (proc.stdout or proc.stderr).strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise ToolchainError(f"'{cxx} --version' failed (exit {proc.returncode}): "
+                             f"{proc.stderr.strip()[:500]}; set KERNEL_LENS_CXX to a working C++ compiler")
+    return lines[0].strip()
