@@ -60,12 +60,15 @@ def _parser() -> argparse.ArgumentParser:
     _front_half_args(dump)
 
     sub.add_parser("passes", help="list the pass pipeline in run order")
+    sub.add_parser("targets", help="list the installed targets (entry-point group kernel_lens.targets)")
 
     comp = sub.add_parser("compile", help="compile a model file and write the artifacts")
     comp.add_argument("file", help="Python file defining `model`, `example_inputs` "
                                    "(and optionally `dynamic_shapes`, `roles`, `autotune`)")
     _front_half_args(comp)
     comp.add_argument("-o", "--output", default="kl_out", help="output directory (default: kl_out)")
+    comp.add_argument("--target", action="append", default=[], metavar="NAME",
+                      help="build this target too (e.g. ort); repeatable; see `kernel_lens targets`")
     comp.add_argument("--dump-after", metavar="PASS", action="append", default=[],
                       help="also write the IR after this pass into the output directory")
     return parser
@@ -117,13 +120,24 @@ def cmd_passes(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_targets(args: argparse.Namespace) -> int:
+    from .targets.base import available_targets, get_target
+
+    for name, origin in available_targets().items():
+        print(f"{name:12s} {get_target(name).description}   [{origin}]")
+    return 0
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     from .passes import dump_to_dir
+    from .targets.base import get_target
 
+    for name in args.target:  # fail fast on a typo, before the slow front half
+        get_target(name)
     out = Path(args.output)
     compiled = _compile(args, dump_after=args.dump_after,
                         dump=dump_to_dir(out / "dumps") if args.dump_after else None)
-    paths = compiled.write(out)
+    paths = compiled.write(out, args.target)
     for kind, path in paths.items():
         print(f"{kind}: {path}")
     if args.dump_after:
@@ -136,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    handlers = {"dump-ir": cmd_dump_ir, "passes": cmd_passes, "compile": cmd_compile}
+    handlers = {"dump-ir": cmd_dump_ir, "passes": cmd_passes, "compile": cmd_compile,
+                "targets": cmd_targets}
     try:
         return handlers[args.command](args)
     except KernelLensError as exc:
