@@ -184,7 +184,10 @@ def _compile(name: str, sources: Mapping[str, str], units: list[str], cxx: str, 
             shutil.rmtree(kept, ignore_errors=True)
             kept.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(work), str(kept))
-            command = f"cd {shlex.quote(str(kept))} && {shlex.join(cmd)}"
+            os.chmod(kept, 0o777 & ~_umask())  # mkdtemp made it 0700
+            # The command as run, its temporary output renamed so it can be rerun in the kept folder.
+            rerun = [f"{name}.so" if arg == str(tmp_out) else arg for arg in cmd]
+            command = f"cd {shlex.quote(str(kept))} && {shlex.join(rerun)}"
             (kept / "command.txt").write_text(command + "\n")
             (kept / "stderr.txt").write_text(proc.stderr)
             raise BuildError(
