@@ -31,7 +31,8 @@ def templates(*folders: Path) -> jinja2.Environment:
 
 
 def common_headers() -> dict[str, str]:
-    return {name: (HERE / name).read_text() for name in ("kl_runtime.h", "kl_symbolic.h")}
+    """The shared C++ headers every target's library is built with, by file name."""
+    return {name: (HERE / name).read_text() for name in ("kl_runtime.h", "kl_symbolic.h", "kl_model.h")}
 
 
 def cxx_name(symbol_name: str) -> str:

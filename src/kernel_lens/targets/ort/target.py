@@ -26,7 +26,6 @@ def ort_sources(ir: GraphIR, api_version: int) -> dict[str, str]:
     env = templates(HERE)
     return {
         **common_headers(),
-        "kl_model.h": (HERE.parent / "common" / "kl_model.h").read_text(),
         "kl_launches.cpp": render_launches(ir),
         "kl_ort.cpp": env.get_template("kl_ort.cpp.j2").render(
             ir=ir, op_types=op_types(ir), api_version=api_version),

@@ -1,0 +1,158 @@
+"""Targets on a CPU-only host: generated C++ for every corpus model compiles warning-free
+against real ONNX Runtime headers, the library loads into onnxruntime and registers its
+domain, and a separately installed third-party target plugs in through the entry point."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+import kernel_lens as kl
+from kernel_lens.errors import KernelLensError
+from kernel_lens.targets.base import available_targets, get_target
+from kernel_lens.targets.ort.target import ort_sources
+from kernel_lens.toolchain.build import build_shared_library
+from kernel_lens.toolchain.headers import find_ort_include
+
+from conftest import EXAMPLES, ROOT, corpus_files, load_module
+
+MODELS = {p.stem: p for p in corpus_files()}
+MODELS.update({p.stem: p for p in sorted(EXAMPLES.glob("*.py"))})
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ort_headers():
+    """Headers come from the package registries through the repo's own script (cached)."""
+    if "ORT_INCLUDE_DIR" not in os.environ:
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "fetch_headers.py")], check=True,
+                       capture_output=True)
+    return find_ort_include()
+
+
+def _ir(name):
+    m = load_module(MODELS[name])
+    return kl.compile(m.model, tuple(t.clone() for t in m.example_inputs),
+                      dynamic_shapes=m.dynamic_shapes, arch=90).ir
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_generated_cpp_compiles_warning_free_and_registers_with_onnxruntime(name, tmp_path, ort_headers):
+    ir = _ir(name)
+    sources = ort_sources(ir, 29)
+    library = build_shared_library(f"kl_{name}", sources, include_dirs=[ort_headers])
+    assert library.is_file()
+    model = tmp_path / "model.onnx"
+    from kernel_lens.onnx import lower_to_onnx, save_onnx
+
+    save_onnx(lower_to_onnx(ir), model)
+    onnx.checker.check_model(str(model), full_check=True)
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(str(library))
+    # Registered: ORT knows the kernel_lens ops and only lacks a CPU implementation for them
+    # (they run on the CUDA EP). An unregistered domain fails earlier with "not a registered op".
+    with pytest.raises(Exception, match=r"NOT_IMPLEMENTED.*(Could not find an implementation|Failed to find kernel) for"):
+        ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
+
+
+def test_generated_cpp_compiles_with_nvcc(tmp_path, ort_headers):
+    from kernel_lens.toolchain.compilers import find_nvcc
+
+    nvcc = find_nvcc()
+    if nvcc is None:
+        pytest.fail("nvcc not found: the CPU host of this project has CUDA 13's nvcc on PATH")
+    for name, text in ort_sources(_ir("toy_two_kernels"), 29).items():
+        (tmp_path / name).write_text(text)
+    cmd = [nvcc, "-std=c++17", "-shared", "-Xcompiler", "-fPIC,-Wall,-Wextra,-Werror", "-Werror",
+           "all-warnings", f"-I{tmp_path}", "-isystem", str(ort_headers),
+           str(tmp_path / "kl_launches.cpp"), str(tmp_path / "kl_ort.cpp"), "-ldl", "-o",
+           str(tmp_path / "lib.so")]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_library_needs_no_cuda_driver_until_a_launch_runs():
+    # libcuda.so.1 is absent on this host; the library was built and loads: check it links no CUDA.
+    libs = [p for p in Path.home().joinpath(".cache/kernel_lens/build").rglob("*.so")]
+    assert libs
+    out = subprocess.run(["ldd", str(libs[0])], capture_output=True, text=True).stdout
+    assert "libcuda" not in out and "libcudart" not in out
+
+
+def test_compile_with_ort_target_writes_artifacts_and_load_reopens(tmp_path):
+    m = load_module(MODELS["toy_two_kernels"])
+    compiled = kl.compile(m.model, m.example_inputs, dynamic_shapes=m.dynamic_shapes,
+                          targets=["ort"], output_dir=tmp_path)
+    assert compiled.artifacts["ort.onnx"].is_file() and compiled.artifacts["ort.library"].is_file()
+    manifest = json.loads((tmp_path / "kernel_lens.json").read_text())
+    assert set(manifest["artifacts"]) >= {"ir", "summary", "ort.onnx", "ort.library"}
+    again = kl.load(tmp_path)
+    assert again.ir == compiled.ir
+    with pytest.raises(KernelLensError, match="CUDAExecutionProvider|onnxruntime-gpu"):
+        again.run(*[t for t in m.example_inputs])  # CPU host: a clear error, not a crash
+    with pytest.raises(KernelLensError, match="not a kernel_lens output folder"):
+        kl.load(tmp_path / "nowhere")
+
+
+def test_cli_compile_with_target_prints_paths(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "kernel_lens.cli", "compile",
+                           str(MODELS["toy_two_kernels"]), "--target", "ort", "-o", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    for kind, suffix in (("ort.onnx", ".onnx"), ("ort.library", ".so"), ("ir", ".json")):
+        line = next(l for l in proc.stdout.splitlines() if l.startswith(f"{kind}: "))
+        path = Path(line.split(": ", 1)[1])
+        assert path.is_file() and path.suffix == suffix
+    bad = subprocess.run([sys.executable, "-m", "kernel_lens.cli", "compile",
+                          str(MODELS["toy_two_kernels"]), "--target", "nope"],
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 1 and "unknown target 'nope'" in bad.stderr and "ort" in bad.stderr
+
+
+@pytest.fixture(scope="module")
+def third_party(tmp_path_factory):
+    """Install the separate kl-c-launcher distribution into a private folder on sys.path."""
+    site = tmp_path_factory.mktemp("site")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                    "--target", str(site), str(ROOT / "tests" / "third_party_target")], check=True)
+    sys.path.insert(0, str(site))
+    yield site
+    sys.path.remove(str(site))
+
+
+def test_third_party_target_via_entry_point(third_party, tmp_path):
+    assert "c-launcher" in available_targets() and "ort" in available_targets()
+    m = load_module(MODELS["toy_two_kernels"])
+    compiled = kl.compile(m.model, m.example_inputs, dynamic_shapes=m.dynamic_shapes,
+                          targets=["c-launcher"], output_dir=tmp_path)
+    lib = ctypes.CDLL(str(compiled.artifacts["c-launcher.library"]))
+    P = ctypes.c_void_p
+    lib.kl_c_launch.argtypes = [ctypes.c_int, P, ctypes.c_int, P, P, P, ctypes.c_int, P, P,
+                                ctypes.c_char_p, ctypes.c_size_t]
+    assert lib.kl_c_launch_count() == len(compiled.ir.launches) == 2
+    # Launching on this host reaches the driver loader and fails cleanly, naming libcuda.
+    err = ctypes.create_string_buffer(512)
+    shape = (ctypes.c_int64 * 1)(1000)
+    shapes = (ctypes.POINTER(ctypes.c_int64) * 1)(shape)
+    ptrs = (ctypes.c_char_p * 1)(None)
+    ranks, numel = (ctypes.c_int * 1)(1), (ctypes.c_int64 * 1)(1000)
+    rc = lib.kl_c_launch(0, None, 1, ctypes.cast(ptrs, P), ctypes.cast(shapes, P), ctypes.cast(ranks, P),
+                         1, ctypes.cast(ptrs, P), ctypes.cast(numel, P), err, 512)
+    assert rc == 1 and b"libcuda.so.1" in err.value
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(third_party), *sys.path])}
+    out = subprocess.run([sys.executable, "-m", "kernel_lens.cli", "targets"], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert "c-launcher" in out.stdout and "plain C launcher" in out.stdout
+    proc = subprocess.run([sys.executable, "-m", "kernel_lens.cli", "compile",
+                           str(MODELS["toy_two_kernels"]), "--target", "c-launcher", "-o",
+                           str(tmp_path / "cli")], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "cli" / "libkl_ToyModel_c.so").is_file()
