@@ -20,9 +20,11 @@ functions, which are not int64-exact.
 
 from __future__ import annotations
 
+import functools
 import re
+import sys
 from collections.abc import Mapping
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import sympy
 from sympy.printing.cxx import CXX17CodePrinter
@@ -40,13 +42,31 @@ _POSTFIX_EXPR = re.compile(r"[A-Za-z_]\w*(?:(?:::|\.|->)[A-Za-z_]\w*|\[[^\[\]]*\
 
 
 def _torch_function(name: str) -> type | None:
-    """A class of ``torch.utils._sympy.functions``, or None without torch (or without that class)."""
+    """A class of ``torch.utils._sympy.functions``, or None without torch (or without that class).
+
+    Never imports torch itself: an expression can only hold torch's functions once they are imported.
+    """
+    if "torch.utils._sympy.functions" not in sys.modules:
+        return None
     try:
         from torch.utils._sympy import functions
     except ImportError:  # pragma: no cover - depends on the environment
         return None
     cls = getattr(functions, name, None)
     return cls if isinstance(cls, type) else None
+
+
+@functools.cache
+def _find_handler(printer_type: type, expr_type: type) -> Callable[[Any, Any], str] | None:
+    """The first ``_print_<Class>`` along ``expr_type``'s MRO that Int64CxxPrinter (or a subclass) defines."""
+    for klass in expr_type.__mro__:
+        method = "_print_" + klass.__name__
+        for owner in printer_type.__mro__:
+            if method in vars(owner):
+                if issubclass(owner, Int64CxxPrinter):
+                    return vars(owner)[method]
+                break  # defined by sympy's printers only: not exact, keep looking
+    return None
 
 
 class Int64CxxPrinter(CXX17CodePrinter):
@@ -96,23 +116,12 @@ class Int64CxxPrinter(CXX17CodePrinter):
         # float/truncating C output (or to torch's non-exact _ccode hooks).
         if not isinstance(expr, sympy.Basic):
             self._fail(expr, f"unsupported Python object of type {type(expr).__name__}")
-        handler = self._handler(type(expr))
+        handler = _find_handler(type(self), type(expr))
         if handler is None:
             self._fail(expr, f"unsupported construct {type(expr).__name__}")
         return handler(self, expr)
 
-    @classmethod
-    def _handler(cls, expr_type: type) -> Callable[[Any, Any], str] | None:
-        for klass in expr_type.__mro__:
-            method = "_print_" + klass.__name__
-            for owner in cls.__mro__:
-                if method in vars(owner):
-                    if issubclass(owner, Int64CxxPrinter):
-                        return vars(owner)[method]
-                    break  # defined by sympy's printers only: not exact, keep looking
-        return None
-
-    def _fail(self, expr: Any, reason: str) -> None:
+    def _fail(self, expr: Any, reason: str) -> NoReturn:
         where = "" if self._root is None or self._root == expr else f" in {self._root}"
         raise SymbolicError(f"{expr} is not an exact integer expression ({reason}){where}")
 
@@ -130,11 +139,9 @@ class Int64CxxPrinter(CXX17CodePrinter):
 
     def _print_Rational(self, expr: sympy.Rational) -> str:  # only non-integers get here
         self._fail(expr, "non-integer rational; division must be written as floor()/ceiling()/FloorDiv")
-        raise AssertionError  # unreachable
 
     def _print_Float(self, expr: sympy.Float) -> str:
         self._fail(expr, "floating-point number")
-        raise AssertionError  # unreachable
 
     def _print_Symbol(self, expr: sympy.Symbol) -> str:
         if expr.is_integer is False:
@@ -252,7 +259,6 @@ class Int64CxxPrinter(CXX17CodePrinter):
         if den == -1:
             return self._print(-num)
         self._fail(expr, "true division that is not provably exact")
-        raise AssertionError  # unreachable
 
     def _print_Identity(self, expr: sympy.Basic) -> str:
         return self._print(expr.args[0])

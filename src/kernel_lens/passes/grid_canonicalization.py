@@ -24,8 +24,8 @@ def canonical(text: str, names: list[str], where: str) -> str:
     simple = sympy.simplify(expr)
     if sympy.count_ops(simple) > sympy.count_ops(expr):
         simple = expr
-    try:
-        to_cxx(simple)
+    try:  # printable as exact int64 C++ (symbols renamed: a Dim may be named like a keyword)
+        to_cxx(simple, {sym: f"sym_{sym.name}" for sym in simple.free_symbols})
     except SymbolicError as exc:
         raise SymbolicError(f"{where}: {exc}") from None
     return format_expr(simple)
