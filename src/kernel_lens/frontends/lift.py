@@ -244,10 +244,17 @@ def _tensor_value(name: str, val: torch.Tensor, kind: str, syms: _Symbols) -> Te
     )
 
 
+def _storage_id(t: torch.Tensor) -> int | None:
+    try:
+        return t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
 def _constant(t: torch.Tensor) -> ConstantData:
     t = t.detach().contiguous().cpu()
     return ConstantData(dtype=dtype_from_torch(t.dtype), shape=list(t.shape),
-                        data=t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+                        data=t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
 
 
 _SKIP_OPS = ("_assert", "sym_constrain", "_check")
@@ -340,19 +347,18 @@ class _GraphBuilder:
                        aliases=self._aliased_inputs(node))
 
     def _aliased_inputs(self, node: torch.fx.Node) -> list[str]:
-        """Tensor inputs the op's outputs may alias, from its schema's alias annotations."""
-        schema = getattr(node.target, "_schema", None)
-        if schema is None:  # not an ATen overload: assume the worst
-            return [self.alias.get(a.name, a.name) for a in node.all_input_nodes
-                    if isinstance(a.meta.get("val"), torch.Tensor)]
-        out = []
-        for i, formal in enumerate(schema.arguments):
-            if formal.alias_info is None:
-                continue
-            actual = node.args[i] if i < len(node.args) else node.kwargs.get(formal.name)
-            if isinstance(actual, torch.fx.Node):
-                out.append(self.alias.get(actual.name, actual.name))
-        return out
+        """Tensor inputs whose memory the op's outputs really share (views, in-place ops).
+
+        Decided by storage identity of the traced fake tensors, not by the schema's may-alias
+        annotations: reshape/contiguous alias only when torch did not copy.
+        """
+        val = node.meta.get("val")
+        outs = [v for v in (val if isinstance(val, (list, tuple)) else [val])
+                if isinstance(v, torch.Tensor)]
+        storages = {_storage_id(v) for v in outs} - {None}
+        return [self.alias.get(a.name, a.name) for a in node.all_input_nodes
+                if isinstance(a.meta.get("val"), torch.Tensor)
+                and _storage_id(a.meta["val"]) in storages]
 
     def launch(self, node: torch.fx.Node, order: int) -> Launch:
         index = node.args[0]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..errors import IRError
 from .graph import GraphIR, Launch
 from .kernel import ParamKind
 from .symbolic import parse
@@ -81,6 +82,11 @@ def launch_io(ir: GraphIR, launch: Launch, version_suffix: str) -> LaunchIO:
     """Node wiring for ``launch``; written values get the name ``f"{value}{version_suffix}"``
     unless the node creates them (fresh allocations keep their name)."""
     kernel = ir.kernels[launch.kernel]
+    missing = [a.name for a in launch.args if kernel.param(a.name).kind == ParamKind.tensor
+               and a.value is not None and a.role is None]
+    if missing:
+        raise IRError(f"launch {launch.order} ({launch.kernel}): tensor arguments {missing} have no "
+                      f"role; run the role-inference pass first")
     io = LaunchIO()
     # (argument, root value whose memory it points into)
     tensor_args = [(a, root_of(ir, a.value)) for a in launch.args
@@ -88,13 +94,16 @@ def launch_io(ir: GraphIR, launch: Launch, version_suffix: str) -> LaunchIO:
     written = {r for a, r in tensor_args if a.role in ("output", "inplace")}
     # a write through a view, or a partial write, keeps the rest of the root: it is read too
     read = {r for a, r in tensor_args if a.role in ("input", "inplace") or a.value != r}
+    # contents undefined before this launch: the node creates the tensor as a fresh output
+    undefined = {r for _, r in tensor_args
+                 if fresh_allocation(ir, r) and not _written_before(ir, launch, r)}
     for _, root in tensor_args:  # inputs: read values and initial contents of inplace values
-        needs_input = root in read or (root in written and not fresh_allocation(ir, root))
+        needs_input = root in read or (root in written and root not in undefined)
         if needs_input and root not in io.inputs:
             io.inputs.append(root)
     for _, root in tensor_args:
         if root in written and all(v != root for v, _ in io.outputs):
-            fresh = root not in read and fresh_allocation(ir, root)
+            fresh = root not in read and root in undefined
             io.outputs.append((root, root if fresh else f"{root}{version_suffix}"))
             io.copy_from[root] = None if fresh else io.inputs.index(root)
     out_index = {v: i for i, (v, _) in enumerate(io.outputs)}
@@ -106,6 +115,19 @@ def launch_io(ir: GraphIR, launch: Launch, version_suffix: str) -> LaunchIO:
     for sym in symbols_used(ir, launch):
         io.symbols[sym] = _symbol_source(ir, io, sym)
     return io
+
+
+def _written_before(ir: GraphIR, launch: Launch, root: str) -> bool:
+    """True when an earlier launch already wrote ``root`` (its contents are then defined)."""
+    for other in ir.launches:
+        if other.order >= launch.order:
+            continue
+        kernel = ir.kernels[other.kernel]
+        for arg in other.args:
+            if (kernel.param(arg.name).kind == ParamKind.tensor and arg.value is not None
+                    and arg.role in ("output", "inplace") and root_of(ir, arg.value) == root):
+                return True
+    return False
 
 
 def _symbol_source(ir: GraphIR, io: LaunchIO, sym: str) -> SymbolSource:

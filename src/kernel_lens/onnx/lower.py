@@ -1,0 +1,683 @@
+"""GraphIR → ONNX: kernel launches become custom-domain nodes, torch ops become standard ONNX.
+
+Contract (the generated custom-op library implements the ``kernel_lens`` nodes):
+
+* Opsets: the default domain at ``opset`` (18 or later) and ``("kernel_lens", 1)``.
+* Graph inputs are ``ir.inputs`` (same names, dtypes, symbolic dims: a literal is a
+  ``dim_value``, anything else a ``dim_param`` spelled as the IR spells it, so a plain symbol is
+  its own name). Weights (``ir.constants``) are initializers.
+* Launch ``idx`` of ``ir.launches`` is ONE node: op_type = kernel id, domain ``kernel_lens``,
+  name ``launch{idx}_{kernel}``, INT attribute ``launch = idx``, wired exactly as
+  :func:`kernel_lens.ir.launch_io.launch_io` says (suffix ``__{launch.order}``): inputs are the
+  current names of ``io.inputs``, outputs the new names of ``io.outputs``; later uses of a
+  written value refer to its new name.
+* Graph outputs are ``output_0, output_1, ...`` (Identity of ``ir.outputs`` resolved through
+  the renaming), then ``mutated_<input>`` for each graph input the model writes in place (a
+  kernel or an in-place torch op): its final contents, which the runtime copies back into the
+  caller's tensor (ONNX inputs are immutable). ``lower_to_onnx(..., mutated_inputs=False)``
+  leaves them out.
+
+Memory model. ONNX values are immutable, torch tensors are not, so each *root* tensor (one that
+owns its memory: a graph input, a weight, the result of a non-aliasing op) has versions:
+
+* A kernel that writes a root (directly or through a view) makes a new version of the whole root
+  (its node receives the root and applies the IR's strides/offset itself).
+* An in-place torch op (``aten.add_`` ...) computes the new contents functionally and makes a new
+  version of its root. Writing through views is supported: reshape-like and transpose-like views
+  map the values back, slice (step 1) and select splice them into the source's current contents;
+  other views (strided slices, expand, split pieces, as_strided) are rejected.
+* Torch ops and graph outputs always see the latest version of a root: a view is re-derived from
+  the latest root version at each use (its ONNX view chain is re-emitted when the root changed
+  since the last derivation). View ops feeding only kernels emit nothing.
+* May-alias ops (``reshape``, ``contiguous``, ``to``: the IR lists their input in ``aliases``
+  whatever torch did) are views unless torch copied: the dtype changed, or a non-dense input
+  became a dense result. A copy is a root of its own, taken at its program point.
+* Allocations (``empty*``) emit nothing: a kernel producing the buffer as a fresh output creates
+  it; any other reader sees zeros (ConstantOfShape).
+
+Rejected (``UnsupportedKernelError``) because ONNX cannot express it faithfully: a kernel bound
+to a root whose torch layout is not dense row-major (ONNX tensors are dense, the kernel would
+apply torch's strides); a kernel argument reached from its root through an op that copied
+(``launch_io`` would bind the kernel to the root's memory with the copy's strides); an in-place
+torch op writing through a view of the kinds above; any torch op with no translation in
+:mod:`kernel_lens.onnx.aten` that is actually needed (dead ops are pruned first, so an
+untranslatable op whose result nothing uses is harmless).
+
+Symbolic integers (reshape sizes, slice bounds, arange ends, ...) are computed at run time from
+the graph inputs' dims (Shape on the input/dim ``ir.symbols`` names, then integer arithmetic),
+never baked from the capture sizes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Union
+
+import onnx
+import sympy
+from onnx import TensorProto, helper
+
+from ..errors import KernelLensError, SymbolicError, UnsupportedKernelError
+from ..ir.graph import ConstArg, GraphIR, Launch, OpArg, SymArg, TensorValue, TorchOp, ValueArg
+from ..ir.kernel import ParamKind
+from ..ir.launch_io import launch_io, root_of
+from ..ir.symbolic import evaluate, parse
+from ..ir.types import DType
+from . import aten
+
+DOMAIN = "kernel_lens"
+DOMAIN_VERSION = 1
+MIN_OPSET = 18
+MAX_IR_VERSION = 10  # ONNX Runtime 1.29+ reads IR version 10
+
+ONNX_DTYPES: dict[DType, int] = {
+    DType.i1: TensorProto.BOOL, DType.i8: TensorProto.INT8, DType.i16: TensorProto.INT16,
+    DType.i32: TensorProto.INT32, DType.i64: TensorProto.INT64, DType.u8: TensorProto.UINT8,
+    DType.u16: TensorProto.UINT16, DType.u32: TensorProto.UINT32, DType.u64: TensorProto.UINT64,
+    DType.fp8e4nv: TensorProto.FLOAT8E4M3FN, DType.fp8e5: TensorProto.FLOAT8E5M2,
+    DType.fp16: TensorProto.FLOAT16, DType.bf16: TensorProto.BFLOAT16,
+    DType.fp32: TensorProto.FLOAT, DType.fp64: TensorProto.DOUBLE,
+}
+_FP8 = {DType.fp8e4nv, DType.fp8e5}
+_UNSUPPORTED_DOMAIN = "kernel_lens.unsupported"  # placeholder nodes; never in a returned model
+
+
+def onnx_dtype(dtype: DType) -> int:
+    return ONNX_DTYPES[DType(dtype)]
+
+
+def _dim(text: str) -> dict[str, Any]:
+    text = str(text)
+    try:
+        expr = parse(text)
+    except SymbolicError:
+        return {"dim_param": text}
+    if expr.is_Integer:
+        return {"dim_value": int(expr)}
+    return {"dim_param": text}
+
+
+def _value_info(name: str, dtype: DType, shape: list[str]) -> onnx.ValueInfoProto:
+    info = helper.make_tensor_value_info(name, onnx_dtype(dtype), [None] * len(shape))
+    for dim, text in zip(info.type.tensor_type.shape.dim, shape):
+        spec = _dim(text)
+        if "dim_value" in spec:
+            dim.dim_value = spec["dim_value"]
+        else:
+            dim.dim_param = spec["dim_param"]
+    return info
+
+
+class Lowering:
+    """State of one lowering; also the context :mod:`kernel_lens.onnx.aten` translators use."""
+
+    def __init__(self, ir: GraphIR, opset: int, mutated_inputs: bool = True):
+        if opset < MIN_OPSET:
+            raise ValueError(f"opset {opset} is too old: the ONNX lowering emits opset "
+                             f"{MIN_OPSET}+ operators (Shape start/end, axes as inputs)")
+        self.ir, self.opset, self.mutated_inputs = ir, opset, mutated_inputs
+        self.sym_names = list(ir.symbols)
+        self.producer: dict[str, TorchOp] = {o: op for op in ir.ops for o in op.outputs}
+        self.nodes: list[onnx.NodeProto] = []
+        self.errors: dict[str, KernelLensError] = {}  # placeholder node name -> why
+        self.taken: set[str] = set()  # ONNX tensor names in use
+        self.shared: set[str] = set()  # cached helper tensors (never renamed)
+        self.meta: dict[str, TensorValue] = {}  # ONNX name -> IR value it holds (value_info)
+        self.current: dict[str, str | None] = {}  # root -> ONNX name of its latest version
+        self.version: dict[str, int] = {}
+        self.views: dict[tuple[str, int], str] = {}  # (view value, root version) -> ONNX name
+        self._cache: dict[Any, str] = {}
+        self._copies: dict[int, bool] = {}
+        self._counter = 0
+        self._scope = "graph"
+        for name in [*ir.inputs, *ir.constants]:
+            self.current[name], self.version[name] = name, 0
+            self.taken.add(name)
+
+    # --------------------------------------------------------------------- names and nodes
+    def fresh(self, hint: str) -> str:
+        while True:
+            self._counter += 1
+            name = f"{hint}.{self._counter}"  # '.' never occurs in IR value names
+            if name not in self.taken:
+                self.taken.add(name)
+                return name
+
+    def node(self, op_type: str, inputs: list[str], n_out: int = 1, *, domain: str = "",
+             outputs: list[str] | None = None, **attrs: Any) -> Union[str, list[str]]:
+        """Append a node; returns its output name (a list when ``n_out > 1``)."""
+        outs = outputs or [self.fresh(f"{self._scope}/{op_type}") for _ in range(n_out)]
+        self.taken.update(outs)
+        self._counter += 1
+        self.nodes.append(helper.make_node(op_type, list(inputs), outs, domain=domain or None,
+                                           name=f"{self._scope}/{op_type}_{self._counter}",
+                                           **attrs))
+        return outs if len(outs) > 1 else outs[0]
+
+    def _cached(self, key: Any, build, scope: str = "shape") -> str:
+        """Build a helper tensor once (constants, symbolic sizes); shared by every user."""
+        if key not in self._cache:
+            scope, self._scope = self._scope, scope
+            try:
+                self._cache[key] = build()
+            finally:
+                self._scope = scope
+            self.shared.add(self._cache[key])
+        return self._cache[key]
+
+    # --------------------------------------------------------------------- constants
+    def constant(self, values: Any, dtype: DType, dims: list[int]) -> str:
+        flat = values if isinstance(values, list) else [values]
+        key = ("const", DType(dtype), tuple(dims), tuple(map(repr, flat)))
+        if dtype in _FP8 and self.opset < 19:
+            raise UnsupportedKernelError(f"{dtype.value} constants need opset 19+")
+
+        def build() -> str:
+            tensor = helper.make_tensor("value", onnx_dtype(dtype), dims, flat)
+            return self.node("Constant", [], value=tensor)
+        return self._cached(key, build, "const")
+
+    def i64(self, values: list[int]) -> str:
+        """A 1-D int64 constant."""
+        return self.constant([int(v) for v in values], DType.i64, [len(values)])
+
+    def scalar(self, value: Any, dtype: DType) -> str:
+        """A 0-d constant of ``dtype`` (a Python number or bool)."""
+        dtype = DType(dtype)
+        if dtype == DType.i1:
+            value = bool(value)
+        elif not dtype.is_float:
+            value = int(value)
+        else:
+            value = float(value)
+        return self.constant(value, dtype, [])
+
+    def full(self, shape: str, value: Any, dtype: DType) -> str:
+        """A tensor of ``shape`` (a 1-D int64 tensor) filled with ``value``."""
+        dtype = DType(dtype)
+        # ConstantOfShape lacks some types at some opsets (bfloat16 before 20): fill, then cast
+        vdt = dtype if self._type_ok("ConstantOfShape", "T2", dtype) else DType.fp32
+        if vdt == DType.i1:
+            value = bool(value)
+        elif not vdt.is_float:
+            value = int(value)
+        out = self.node("ConstantOfShape", [shape],
+                        value=helper.make_tensor("value", onnx_dtype(vdt), [1], [value]))
+        return self.cast(out, vdt, dtype)
+
+    def _type_ok(self, op_type: str, param: str, dtype: DType) -> bool:
+        """Whether ``op_type`` at this opset accepts ``dtype`` for type parameter ``param``."""
+        name = helper.tensor_dtype_to_string(onnx_dtype(dtype)).split(".")[-1].lower()
+        schema = onnx.defs.get_schema(op_type, self.opset)
+        return any(c.type_param_str == param and f"tensor({name})" in c.allowed_type_strs
+                   for c in schema.type_constraints)
+
+    def cast(self, name: str, src: DType, dst: DType) -> str:
+        src, dst = DType(src), DType(dst)
+        if src == dst:
+            return name
+        if (src in _FP8 or dst in _FP8) and self.opset < 19:
+            raise UnsupportedKernelError(f"casting {src.value} -> {dst.value} needs opset 19+")
+        return self.node("Cast", [name], to=onnx_dtype(dst))
+
+    def scalar_of(self, name: str) -> str:
+        """[1]-shaped -> 0-d."""
+        return self.node("Squeeze", [name, self.i64([0])])
+
+    # --------------------------------------------------------------------- symbolic integers
+    def sym(self, expr: Union[str, sympy.Expr]) -> str:
+        """A [1]-shaped int64 tensor holding the expression's value at run time."""
+        e = parse(expr, self.sym_names) if isinstance(expr, str) else expr
+        return self._cached(("sym", e), lambda: self._lower_expr(e))
+
+    def _lower_expr(self, e: sympy.Expr) -> str:
+        if e.is_Integer:
+            return self.i64([int(e)])
+        if e.is_Symbol:
+            return self._symbol(e.name)
+        if isinstance(e, sympy.Add):
+            return self._fold("Add", [self.sym(a) for a in e.args])
+        if isinstance(e, sympy.Mul):
+            coeff, rest = e.as_coeff_Mul()
+            if not coeff.is_Integer:
+                num, den = e.as_numer_denom()  # exact only if it divides: floor it explicitly
+                raise UnsupportedKernelError(f"symbolic expression {e} is not an integer "
+                                             f"expression (use floor({num}/{den}))")
+            parts = [self.sym(a) for a in sympy.Mul.make_args(rest)]
+            if coeff != 1:
+                parts.append(self.i64([int(coeff)]))
+            return self._fold("Mul", parts)
+        if isinstance(e, (sympy.floor, sympy.ceiling)):
+            num, den = (self.sym(x) for x in sympy.fraction(sympy.together(e.args[0])))
+            if isinstance(e, sympy.floor):  # (n - mod(n, d)) / d: exact, any signs (d > 0)
+                exact = self.node("Sub", [num, self.node("Mod", [num, den], fmod=0)])
+            else:  # (n + mod(-n, d)) / d
+                neg = self.node("Neg", [num])
+                exact = self.node("Add", [num, self.node("Mod", [neg, den], fmod=0)])
+            return self.node("Div", [exact, den])
+        if isinstance(e, sympy.Mod):
+            return self.node("Mod", [self.sym(e.args[0]), self.sym(e.args[1])], fmod=0)
+        if isinstance(e, (sympy.Min, sympy.Max)):
+            return self.node("Min" if isinstance(e, sympy.Min) else "Max",
+                             [self.sym(a) for a in e.args])
+        if isinstance(e, sympy.Pow) and e.exp.is_Integer and e.exp >= 0:
+            return self._fold("Mul", [self.sym(e.base)] * int(e.exp)) if e.exp > 0 else self.i64([1])
+        raise UnsupportedKernelError(f"symbolic expression {e} ({type(e).__name__}) cannot be "
+                                     f"computed at run time by the ONNX lowering")
+
+    def _fold(self, op_type: str, parts: list[str]) -> str:
+        out = parts[0]
+        for p in parts[1:]:
+            out = self.node(op_type, [out, p])
+        return out
+
+    def _symbol(self, name: str) -> str:
+        info = self.ir.symbols.get(name)
+        if info is None:
+            raise UnsupportedKernelError(f"symbol {name!r} is not a graph-input dim")
+        source = self.ir.inputs[info.input]
+        out = self.node("Shape", [source], start=info.dim, end=info.dim + 1)
+        if info.offset:
+            out = self.node("Sub", [out, self.i64([info.offset])])
+        if info.scale != 1:
+            out = self.node("Div", [out, self.i64([info.scale])])
+        return out
+
+    def expr(self, text: str) -> sympy.Expr:
+        return parse(text, self.sym_names)
+
+    def expr_arg(self, arg: OpArg) -> sympy.Expr:
+        """An integer argument (constant or symbolic) as a sympy expression."""
+        if isinstance(arg, SymArg):
+            return self.expr(arg.sym)
+        if isinstance(arg, ConstArg) and isinstance(arg.const, int) and not isinstance(arg.const, bool):
+            return sympy.Integer(arg.const)
+        raise UnsupportedKernelError(f"expected an integer argument, got {arg.model_dump()}")
+
+    def int1(self, arg: OpArg) -> str:
+        """An integer argument (constant or symbolic) as a [1]-shaped int64 tensor."""
+        if isinstance(arg, SymArg):
+            return self.sym(arg.sym)
+        if isinstance(arg, ConstArg) and isinstance(arg.const, int):
+            return self.i64([arg.const])
+        raise UnsupportedKernelError(f"expected an integer argument, got {arg.model_dump()}")
+
+    def int0(self, arg: OpArg) -> str:
+        """An integer argument (constant or symbolic) as a 0-d int64 tensor."""
+        if isinstance(arg, ConstArg) and isinstance(arg.const, int):
+            return self.constant(int(arg.const), DType.i64, [])
+        return self.scalar_of(self.int1(arg))
+
+    def concat_ints(self, parts: list[str]) -> str:
+        return parts[0] if len(parts) == 1 else self.node("Concat", parts, axis=0)
+
+    def shape(self, value: Union[TensorValue, str]) -> str:
+        """The IR value's (symbolic) shape as a 1-D int64 tensor computed at run time."""
+        value = self.ir.values[value] if isinstance(value, str) else value
+        exprs = [parse(d, self.sym_names) for d in value.shape]
+        if all(e.is_Integer for e in exprs):
+            return self.i64([int(e) for e in exprs])
+        return self._cached(("shape", tuple(exprs)),
+                            lambda: self.concat_ints([self.sym(e) for e in exprs]))
+
+    # --------------------------------------------------------------------- IR values
+    def value_of(self, arg: Union[OpArg, str]) -> TensorValue:
+        name = arg.ref if isinstance(arg, ValueArg) else arg
+        if not isinstance(name, str) or name not in self.ir.values:
+            raise UnsupportedKernelError(f"expected a tensor argument, got {arg!r}")
+        return self.ir.values[name]
+
+    def out(self, op: TorchOp, i: int = 0) -> TensorValue:
+        return self.ir.values[op.outputs[i]]
+
+    def root(self, value: str) -> str:
+        """The tensor owning ``value``'s memory (as torch ran it: copies made by may-alias ops
+        are roots of their own, unlike :func:`kernel_lens.ir.launch_io.root_of`)."""
+        chain = self.chain(value)
+        return chain[-1].aliases[0] if chain else value
+
+    def chain(self, value: str, through_copies: bool = False) -> list[TorchOp]:
+        """Aliasing ops from ``value`` up to its root (nearest first)."""
+        ops, seen = [], set()
+        while value in self.producer and value not in seen:
+            op = self.producer[value]
+            if not op.aliases or (not through_copies and self.copies(op)):
+                break
+            seen.add(value)
+            ops.append(op)
+            value = op.aliases[0]
+        return ops
+
+    def copies(self, op: TorchOp) -> bool:
+        """Whether a may-alias op (reshape, contiguous, to, ...) returned a copy when torch ran
+        it: it changed the dtype, or it turned a non-dense source into a dense result."""
+        if op.op not in aten.MAY_ALIAS or not op.aliases:
+            return False
+        if op.order not in self._copies:
+            src = self.ir.values[op.aliases[0]]
+            outs = [self.ir.values[o] for o in op.outputs if o in self.ir.values]
+            self._copies[op.order] = any(o.dtype != src.dtype for o in outs) or (
+                not self._dense(src) and all(self._dense(o) for o in outs))
+        return self._copies[op.order]
+
+    def tensor(self, arg: Union[OpArg, str]) -> str:
+        """ONNX name of a tensor's contents *now*: the latest root version, views re-derived."""
+        name = arg.ref if isinstance(arg, ValueArg) else arg
+        if not isinstance(name, str):
+            raise UnsupportedKernelError(f"expected a tensor argument, got {arg.model_dump()}")
+        root = self.root(name)
+        if name == root:
+            return self._root_now(root)
+        key = (name, self.version.get(root, 0))
+        if key not in self.views:
+            self._derive(name)
+        return self.views[key]
+
+    def _root_now(self, root: str) -> str:
+        if root not in self.current:
+            raise UnsupportedKernelError(f"value {root!r} is used before it is produced")
+        if self.current[root] is None:  # an allocation read before any kernel wrote it
+            value = self.ir.values[root]
+            scope, self._scope = self._scope, f"{root}.zeros"
+            try:
+                self.current[root] = self.full(self.shape(value), 0, value.dtype)
+            finally:
+                self._scope = scope
+            self.meta[self.current[root]] = value
+        return self.current[root]
+
+    def _derive(self, value: str) -> None:
+        op = self.producer[value]
+        root = self.root(value)
+        version = self.version.get(root, 0)
+        if aten.is_inplace(op.op):  # returns self: the target's contents now
+            names = [self.tensor(op.aliases[0])] * len(op.outputs)
+        else:
+            translate = aten.TRANSLATIONS.get(op.op)
+            if translate is None:
+                raise self._unsupported(op, "view")
+            scope, self._scope = self._scope, f"op{op.order}"
+            start = len(self.nodes)
+            try:
+                names = translate(self, op)
+            except UnsupportedKernelError as exc:
+                raise UnsupportedKernelError(f"torch op {op.op} at position {op.order}: {exc}") from None
+            finally:
+                self._scope = scope
+            names = [self._adopt(n, o if o not in self.taken else f"{o}.v{version}", start, o)
+                     for n, o in zip(names, op.outputs)]
+        for out, name in zip(op.outputs, names):
+            self.views[(out, version)] = name
+
+    def _adopt(self, name: str, desired: str, start: int, value: str) -> str:
+        """Rename a result produced since node ``start`` to ``desired`` (an IR name) if free."""
+        if desired in self.taken or name in self.shared or name in self.current.values():
+            return name
+        hits = [n for n in self.nodes[start:] if name in n.output]
+        if not hits:
+            return name
+        for n in self.nodes[start:]:
+            for field in (n.input, n.output):
+                for i, x in enumerate(field):
+                    if x == name:
+                        field[i] = desired
+        self.taken.add(desired)
+        self.meta[desired] = self.ir.values[value]
+        return desired
+
+    def _unsupported(self, op: TorchOp, what: str = "op") -> UnsupportedKernelError:
+        return UnsupportedKernelError(
+            f"torch {what} {op.op} at position {op.order} in program order (producing "
+            f"{', '.join(op.outputs)}) has no ONNX translation; supported ops: "
+            f"{', '.join(aten.supported_ops())} (and in-place forms 'X_' of those)")
+
+    # --------------------------------------------------------------------- program
+    def torch_op(self, op: TorchOp) -> None:
+        if op.op in aten.ALLOCATING:
+            for out in op.outputs:
+                self.current[out], self.version[out] = None, 0
+            return
+        inplace = aten.is_inplace(op.op)
+        if op.aliases and not inplace and not self.copies(op):
+            return  # a view: derived from its root's latest version where it is used
+        translate = aten.TRANSLATIONS.get(op.op)
+        if translate is None and inplace:
+            translate = aten.TRANSLATIONS.get(aten.functional_name(op.op))
+        scope, self._scope = self._scope, f"op{op.order}"
+        start = len(self.nodes)
+        try:
+            if translate is None:
+                raise self._unsupported(op)
+            try:
+                names = translate(self, op)
+            except UnsupportedKernelError as exc:
+                raise UnsupportedKernelError(f"torch op {op.op} at position {op.order}: {exc}") from None
+            if inplace:
+                names = [self._write_back(op, names[0])]
+        except (UnsupportedKernelError, SymbolicError) as exc:
+            names = self._placeholder(op, exc)
+        finally:
+            self._scope = scope
+        if inplace:
+            target = op.aliases[0]
+            root = self.root(target)
+            new = names[0]
+            if target == root:
+                new = self._adopt(new, op.outputs[0], start, op.outputs[0])
+            else:
+                new = self._adopt(new, f"{root}.v{self.version.get(root, 0) + 1}", start, root)
+            self.version[root] = self.version.get(root, 0) + 1
+            self.current[root] = new
+            self.meta.setdefault(new, self.ir.values[root])
+            return
+        for out, name in zip(op.outputs, names):
+            self.current[out] = self._adopt(name, out, start, out)
+            self.version[out] = 0
+
+    def _write_back(self, op: TorchOp, new: str) -> str:
+        """Map the in-place result (in the target's coordinates) back to its root's."""
+        for view in self.chain(op.aliases[0]):
+            if aten.is_inplace(view.op):
+                continue
+            inverse = aten.INVERSE_VIEWS.get(view.op)
+            why = f"no way to write through {view.op} is known"
+            if inverse is not None:
+                try:
+                    new = inverse(self, view, new)
+                    continue
+                except UnsupportedKernelError as exc:
+                    why = str(exc)
+            raise UnsupportedKernelError(
+                f"in-place torch op {op.op} at position {op.order} writes {op.aliases[0]!r}, "
+                f"a view ({view.op}, position {view.order}) of {self.root(op.aliases[0])!r}: "
+                f"{why}; ONNX has no in-place update (write into a full tensor, or use a kernel)")
+        return new
+
+    def _placeholder(self, op: TorchOp, exc: KernelLensError) -> list[str]:
+        outs = [self.fresh(f"{o}.unsupported") for o in op.outputs] or [self.fresh("unsupported")]
+        self.node("Unsupported", [], domain=_UNSUPPORTED_DOMAIN, outputs=outs)
+        self.errors[self.nodes[-1].name] = exc
+        return outs
+
+    def launch(self, idx: int, launch: Launch) -> None:
+        self._check_launch(launch)
+        io = launch_io(self.ir, launch, f"__{launch.order}")
+        inputs = [self._root_now(v) for v in io.inputs]
+        outputs = []
+        for value, new in io.outputs:
+            if new in self.taken:  # e.g. a second kernel also writing an allocation "fresh"
+                raise KernelLensError(
+                    f"launch {idx} ({launch.kernel}) would produce {new!r}, a name already in use "
+                    f"(launch_io names a fresh output after its value; a buffer written fresh by "
+                    f"two launches needs a versioned name)")
+            outputs.append(new)
+        self._scope = f"launch{idx}"
+        self.node(launch.kernel, inputs, domain=DOMAIN, outputs=outputs, launch=idx)
+        self.nodes[-1].name = f"launch{idx}_{launch.kernel}"
+        self._scope = "graph"
+        for value, new in io.outputs:
+            self.current[value] = new
+            self.version[value] = self.version.get(value, 0) + 1
+            self.meta[new] = self.ir.values[value]
+
+    def _check_launch(self, launch: Launch) -> None:
+        kernel = self.ir.kernels[launch.kernel]
+        where = f"launch {launch.order} ({launch.kernel})"
+        for arg in launch.args:
+            if arg.value is None or kernel.param(arg.name).kind != ParamKind.tensor:
+                continue
+            if arg.role is None:
+                raise KernelLensError(
+                    f"{where} argument {arg.name!r} has no role: run role inference first "
+                    f"(kl.compile runs the pass pipeline; kl.lift alone does not)")
+            root = root_of(self.ir, arg.value)  # what launch_io binds
+            rv = self.ir.values[root]
+            if not self._dense(rv):
+                raise UnsupportedKernelError(
+                    f"{where} argument {arg.name!r} points into {root!r}, whose torch layout "
+                    f"(strides {rv.strides} for shape {rv.shape}) is not dense row-major; ONNX "
+                    f"tensors are, so the kernel's strides would not match (make it .contiguous() "
+                    f"before the launch)")
+            # launch_io binds the kernel to the root it reaches through every aliasing op
+            for view in self.chain(arg.value, through_copies=True):
+                src = self.ir.values[view.aliases[0]]
+                outs = [self.ir.values[o] for o in view.outputs if o in self.ir.values]
+                if any(o.dtype != src.dtype for o in outs):
+                    raise UnsupportedKernelError(
+                        f"{where} argument {arg.name!r}: {arg.value!r} comes from {root!r} through "
+                        f"{view.op}, which changes the dtype, so it is a copy, not {root!r}'s memory")
+                if view.op in aten.TRUE_VIEWS or aten.is_inplace(view.op):
+                    continue
+                if view.op in aten.MAY_ALIAS and not self.copies(view):
+                    continue
+                raise UnsupportedKernelError(
+                    f"{where} argument {arg.name!r}: {arg.value!r} comes from {root!r} through "
+                    f"{view.op} (position {view.order}), which "
+                    f"{'returned a copy' if view.op in aten.MAY_ALIAS else 'may return a copy'} "
+                    f"rather than a view of {root!r}; the IR records it as an alias, so the kernel "
+                    f"would be bound to {root!r}'s memory with the copy's strides")
+
+    def _dense(self, value: TensorValue) -> bool:
+        expected = sympy.Integer(1)
+        for size, stride in reversed(list(zip(value.shape, value.strides))):
+            s = parse(size, self.sym_names)
+            if s != 1 and not self._equal(parse(stride, self.sym_names), expected):
+                return False
+            expected = expected * s
+        return True
+
+    def _equal(self, a: sympy.Expr, b: sympy.Expr) -> bool:
+        diff = sympy.expand(a - b)
+        if diff == 0:
+            return True
+        try:
+            return all(evaluate(diff, sample) == 0 for sample in self._samples())
+        except (SymbolicError, KeyError, TypeError):
+            return False
+
+    def _samples(self) -> list[dict[str, int]]:
+        samples = []
+        for pick in (lambda i: i.example, lambda i: max(i.min, 2), lambda i: max(i.min, 2) + 5):
+            sample = {}
+            for name, info in self.ir.symbols.items():
+                v = pick(info)
+                sample[name] = v if info.max is None else min(v, info.max)
+            samples.append(sample)
+        return samples
+
+    # --------------------------------------------------------------------- assembly
+    def run(self) -> onnx.ModelProto:
+        ir = self.ir
+        launch_index = {id(l): i for i, l in enumerate(ir.launches)}
+        for node in ir.nodes():
+            if isinstance(node, Launch):
+                self.launch(launch_index[id(node)], node)
+            else:
+                self.torch_op(node)
+        outputs = []
+        for i, value in enumerate(ir.outputs):
+            src = self.tensor(value)
+            name = f"output_{i}"
+            if name in self.taken:
+                raise KernelLensError(f"graph output name {name!r} collides with a value name")
+            self._scope = "outputs"
+            self.node("Identity", [src], outputs=[name])
+            v = ir.values[value]
+            outputs.append(_value_info(name, v.dtype, v.shape))
+        for name in ir.inputs:  # inputs the model mutates: their final contents, for the caller
+            if self.mutated_inputs and self.current.get(name) not in (None, name):
+                oname = f"mutated_{name}"
+                if oname in self.taken:
+                    raise KernelLensError(f"output name {oname!r} collides with a value name")
+                self._scope = "outputs"
+                self.node("Identity", [self.current[name]], outputs=[oname])
+                outputs.append(_value_info(oname, ir.values[name].dtype, ir.values[name].shape))
+        live = self._prune([o.name for o in outputs])
+        for node in live:
+            if node.domain == _UNSUPPORTED_DOMAIN:
+                raise self.errors[node.name]
+        used = {x for n in live for x in n.input}
+        produced = {x for n in live for x in n.output}
+        inits = []
+        for name, data in ir.constants.items():
+            if name in used:
+                tensor = TensorProto(name=name, data_type=onnx_dtype(data.dtype),
+                                     dims=list(data.shape), raw_data=data.data)
+                inits.append(tensor)
+        inputs = [_value_info(n, ir.values[n].dtype, ir.values[n].shape) for n in ir.inputs]
+        out_names = {o.name for o in outputs}
+        infos = [_value_info(n, v.dtype, v.shape) for n, v in self.meta.items()
+                 if n in produced and n not in out_names]
+        graph = helper.make_graph(
+            live, ir.name, inputs, outputs, initializer=inits, value_info=infos,
+            doc_string=f"Lowered by kernel_lens from GraphIR {ir.name!r}: nodes in domain "
+                       f"'{DOMAIN}' are Triton kernel launches (custom ops generated by "
+                       f"kernel_lens); the rest is standard ONNX.")
+        opsets = [helper.make_opsetid("", self.opset), helper.make_opsetid(DOMAIN, DOMAIN_VERSION)]
+        model = helper.make_model(graph, opset_imports=opsets, producer_name="kernel_lens",
+                                  producer_version=_version(),
+                                  doc_string="kernel_lens lowering of a PyTorch model with "
+                                             "Triton kernels")
+        needed = helper.find_min_ir_version_for([helper.make_opsetid("", self.opset)])
+        model.ir_version = max(min(onnx.IR_VERSION, MAX_IR_VERSION), needed)
+        return model
+
+    def _prune(self, outputs: list[str]) -> list[onnx.NodeProto]:
+        needed = set(outputs)
+        keep = []
+        for node in reversed(self.nodes):
+            if node.domain == DOMAIN or any(o in needed for o in node.output):
+                keep.append(node)
+                needed.update(x for x in node.input if x)
+        return keep[::-1]
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("kernel_lens")
+    except Exception:  # pragma: no cover - running from a source tree
+        return "0.0.0+source"
+
+
+def lower_to_onnx(ir: GraphIR, *, opset: int = MIN_OPSET,
+                  mutated_inputs: bool = True) -> onnx.ModelProto:
+    """Lower ``ir`` to an ONNX model (see the module docstring for the contract).
+
+    ``mutated_inputs``: also output ``mutated_<input>`` for each graph input the model writes
+    in place (ONNX cannot mutate inputs; the runtime copies these back into the caller's tensors).
+    """
+    return Lowering(ir, opset, mutated_inputs).run()
+
+
+def save_onnx(model: onnx.ModelProto, path: Union[str, Path]) -> Path:
+    """Write ``model`` to ``path``; weights go to an external-data file beside it past 2 GB."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    big = sum(len(t.raw_data) for t in model.graph.initializer) > 1_800_000_000
+    if big:
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=path.name + ".data")
+    else:
+        onnx.save_model(model, str(path))
+    return path
