@@ -62,7 +62,9 @@ class OrtModel:
         if key not in self._sessions:
             so = self._ort.SessionOptions()
             so.register_custom_ops_library(self.library_path)
-            options = {"device_id": str(device.index)}
+            # fp32 matmuls in ORT use TF32 by default; follow torch's setting instead.
+            options = {"device_id": str(device.index),
+                       "use_tf32": str(int(torch.backends.cuda.matmul.allow_tf32))}
             if stream:
                 options.update(has_user_compute_stream="1", user_compute_stream=str(stream))
             self._sessions[key] = self._ort.InferenceSession(
