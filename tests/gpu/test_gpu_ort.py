@@ -41,8 +41,8 @@ def _inputs_at(ir, examples, values, seed):
         if ex.dtype.is_floating_point:
             t = torch.randn(shape, generator=g, device="cuda", dtype=torch.float32).to(ex.dtype)
         else:  # indices (e.g. class targets) must stay below every dynamic size
-            lo, hi = int(ex.min()), min(int(ex.max()), min(values.values(), default=1 << 30) - 1)
-            t = torch.randint(lo, hi + 1, shape, generator=g, device="cuda", dtype=ex.dtype)
+            hi = max(0, min(int(ex.max()), min(values.values(), default=1 << 30) - 1))
+            t = torch.randint(0, hi + 1, shape, generator=g, device="cuda", dtype=ex.dtype)
         out.append(t)
     return out
 
@@ -129,6 +129,14 @@ def test_misaligned_input_views_use_the_generic_binary(tmp_path):
         _check(compiled, module, [x, y])
 
 
+def _cuda_lib_env():
+    """CUDA runtime libraries for a plain C++ process: those of torch's nvidia-* wheels."""
+    site = Path(torch.__file__).parents[1]
+    dirs = [str(p) for p in site.glob("nvidia/*/lib")] + [str(site / "nvidia" / "cu13" / "lib"),
+                                                          "/usr/local/cuda/lib64"]
+    return {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(dirs + [os.environ.get("LD_LIBRARY_PATH", "")])}
+
+
 def test_cpp_program_runs_the_model_without_python(tmp_path):
     include = os.environ["ORT_INCLUDE_DIR"]
     import onnxruntime
@@ -136,6 +144,8 @@ def test_cpp_program_runs_the_model_without_python(tmp_path):
     capi = Path(onnxruntime.__file__).parent / "capi"
     libort = next(capi.glob("libonnxruntime.so*"))
     exe = tmp_path / "run_model"
+    for lib in capi.glob("*.so*"):  # next to our soname link, where ORT looks for its EP libraries
+        (tmp_path / lib.name).symlink_to(lib)
     (tmp_path / "libonnxruntime.so.1").symlink_to(libort)  # the wheel ships only the versioned name
     subprocess.run(["g++", "-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", f"-I{include}",
                     str(ROOT / "examples" / "cpp" / "run_model.cpp"), str(libort),
@@ -150,7 +160,7 @@ def test_cpp_program_runs_the_model_without_python(tmp_path):
     proc = subprocess.run([str(exe), str(compiled.artifacts["ort.onnx"]),
                            str(compiled.artifacts["ort.library"]), str(tmp_path / "y.bin"),
                            f"{tmp_path / 'x.bin'}:f32:1x37x{x.shape[-1]}"],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, env=_cuda_lib_env())
     assert proc.returncode == 0, proc.stderr
     expected = compiled.run(x.cuda()).cpu()
     got = torch.from_file(str(tmp_path / "y.bin"), size=expected.numel(), dtype=torch.float32)

@@ -61,6 +61,7 @@ class OrtModel:
         key = (device.index, stream)
         if key not in self._sessions:
             so = self._ort.SessionOptions()
+            so.log_severity_level = 3  # errors only
             so.register_custom_ops_library(self.library_path)
             # fp32 matmuls in ORT use TF32 by default; follow torch's setting instead.
             options = {"device_id": str(device.index),
