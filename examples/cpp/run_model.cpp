@@ -61,6 +61,10 @@ int main(int argc, char** argv) {
     options.RegisterCustomOpsLibrary(argv[2]);
     OrtCUDAProviderOptionsV2* cuda = nullptr;
     Ort::ThrowOnError(Ort::GetApi().CreateCUDAProviderOptions(&cuda));
+    // Full fp32 matmuls (ORT's CUDA EP defaults to TF32), as PyTorch does by default.
+    const char* keys[] = {"use_tf32"};
+    const char* vals[] = {"0"};
+    Ort::ThrowOnError(Ort::GetApi().UpdateCUDAProviderOptions(cuda, keys, vals, 1));
     options.AppendExecutionProvider_CUDA_V2(*cuda);
     Ort::GetApi().ReleaseCUDAProviderOptions(cuda);
     Ort::Session session(env, argv[1], options);

@@ -31,13 +31,14 @@ def test_native_capture_matches_reference_and_jit(name):
     if isinstance(model, torch.nn.Module):  # a copy: the CPU tests share this module object
         model = copy.deepcopy(model).cuda()
     inputs = tuple(_to_cuda(t).clone() for t in module.example_inputs)
-    ref_inputs = tuple(_to_cuda(t).clone() for t in module.example_inputs)
+    ref_inputs = tuple(t.clone() for t in module.example_inputs)  # torch reference on the CPU
     compiled = kl.compile(model, inputs, dynamic_shapes=module.dynamic_shapes)
     major, minor = torch.cuda.get_device_capability()
     assert compiled.ir.arch == major * 10 + minor
     rtol, atol = module.tolerance
     for got, want in zip(_flatten(compiled.example_outputs), _flatten(module.reference(*ref_inputs))):
         assert got.is_cuda
+        want = want.cuda()
         torch.testing.assert_close(got, want, rtol=max(rtol, 1e-5), atol=max(atol, 1e-5))
     device = torch.cuda.current_device()
     for kernel in compiled.ir.kernels.values():

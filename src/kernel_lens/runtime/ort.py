@@ -15,7 +15,7 @@ import sympy
 import torch
 
 from ..errors import KernelLensError
-from ..ir import DType, GraphIR, evaluate, parse
+from ..ir import DType, GraphIR, parse
 from ..ir.types import torch_name
 
 _NUMPY = {DType.fp32: np.float32, DType.fp16: np.float16, DType.fp64: np.float64,
@@ -47,6 +47,13 @@ class OrtModel:
             name: [sympy.lambdify(list(map(sympy.Symbol, names)), parse(s, names), "math")
                    for s in ir.values[name].shape] for name in ir.outputs}
         self._sessions: dict[tuple[int, int], object] = {}
+        # Per input dim: an int, or a function of the symbol values (checked on every call).
+        self._dims = [[int(t) if t.lstrip("-").isdigit() else
+                       sympy.lambdify(list(map(sympy.Symbol, names)), parse(t, names), "math")
+                       for t in ir.values[n].shape] for n in ir.inputs]
+        self._run_options = ort.RunOptions()
+        # Work stays queued on torch's stream: no device synchronization at the end of Run.
+        self._run_options.add_run_config_entry("disable_synchronize_execution_providers", "1")
         model_outputs = [f"output_{i}" for i in range(len(ir.outputs))]
         self._mutated = [o.name for o in self._session_meta() if o.name.startswith("mutated_")]
         self._output_names = model_outputs
@@ -107,10 +114,12 @@ class OrtModel:
                     f"must be in [{info.min}, {hi}]" + (f" with size {info.scale}*{sym}+{info.offset}"
                                                         if info.scale != 1 or info.offset else ""))
             values[sym] = value
-        for name, t in zip(ir.inputs, tensors):  # static dims and dims shared between inputs
-            for d, text in enumerate(ir.values[name].shape):
-                expected = evaluate(parse(text, list(values)), values)
+        args = list(values.values())
+        for name, t, dims in zip(ir.inputs, tensors, self._dims):  # static and shared dims
+            for d, dim in enumerate(dims):
+                expected = dim if isinstance(dim, int) else int(dim(*args))
                 if t.shape[d] != expected:
+                    text = ir.values[name].shape[d]
                     raise InputError(f"input {name!r} dim {d} is {t.shape[d]}, expected {text} = {expected}")
         return values
 
@@ -145,7 +154,7 @@ class OrtModel:
             binding.bind_output(oname, "cuda", device.index, _np(ir.values[oname.removeprefix("mutated_")].dtype),
                                 tuple(new.shape), new.data_ptr())
             mutated.append((src, new))
-        session.run_with_iobinding(binding)
+        session.run_with_iobinding(binding, self._run_options)
         for src, new in mutated:  # the model mutates these inputs: so does the compiled model
             src.copy_(new)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
