@@ -74,6 +74,22 @@ def bench_kernels(out_dir: Path):
     return rows
 
 
+def bench_gpu_bound(out_dir: Path):
+    """Large enough that both sides are GPU-bound: the difference is what a node adds on the GPU."""
+    module = load_module(CORPUS / "vector_add.py")
+    model = module.model
+    x, y = torch.randn(1 << 26, device="cuda"), torch.randn(1 << 26, device="cuda")
+    n = torch.export.Dim("n", min=2, max=1 << 27)
+    compiled = kl.compile(model, (x[:4096].clone(), y[:4096].clone()), dynamic_shapes=({0: n}, {0: n}),
+                          targets=["ort"], output_dir=out_dir / "vector_add_big")
+    native_ms, ort_ms = timed(model, x, y), timed(compiled.run, x, y)
+    row = {"case": "vector_add n=2^26 (GPU-bound)", "native_triton_ms": native_ms, "ort_kernel_lens_ms": ort_ms,
+           "overhead_us": (ort_ms - native_ms) * 1e3, "ratio": ort_ms / native_ms,
+           "max_abs_diff": (compiled.run(x, y) - model(x, y)).abs().max().item(), "shape": [[1 << 26]] * 2}
+    print(row, flush=True)
+    return [row]
+
+
 def bench_llama(out_dir: Path):
     module = load_module(EXAMPLES / "llama_block.py")
     rows = []
@@ -108,7 +124,7 @@ def main(path: str) -> None:
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "onnxruntime": onnxruntime.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     with tempfile.TemporaryDirectory() as tmp:
-        result["kernels"] = bench_kernels(Path(tmp))
+        result["kernels"] = bench_kernels(Path(tmp)) + bench_gpu_bound(Path(tmp))
         result["llama_block"] = bench_llama(Path(tmp))
     Path(path).write_text(json.dumps(result, indent=1))
 
