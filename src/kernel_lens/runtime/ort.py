@@ -47,6 +47,7 @@ class OrtModel:
             name: [sympy.lambdify(list(map(sympy.Symbol, names)), parse(s, names), "math")
                    for s in ir.values[name].shape] for name in ir.outputs}
         self._sessions: dict[tuple[int, int], object] = {}
+        self._side_streams: dict[int, torch.cuda.Stream] = {}
         # Per input dim: an int, or a function of the symbol values (checked on every call).
         self._dims = [[int(t) if t.lstrip("-").isdigit() else
                        sympy.lambdify(list(map(sympy.Symbol, names)), parse(t, names), "math")
@@ -63,18 +64,26 @@ class OrtModel:
 
         return onnx.load(self.onnx_path, load_external_data=False).graph.output
 
-    def session(self, device: torch.device):
-        stream = torch.cuda.current_stream(device).cuda_stream
-        key = (device.index, stream)
+    def _stream(self, device: torch.device) -> torch.cuda.Stream:
+        """The stream ORT runs on: torch's current one, or, when that is the legacy default
+        stream (which ORT cannot be given), a side stream ordered against it with events."""
+        current = torch.cuda.current_stream(device)
+        if current.cuda_stream:
+            return current
+        if device.index not in self._side_streams:
+            self._side_streams[device.index] = torch.cuda.Stream(device)
+        return self._side_streams[device.index]
+
+    def session(self, device: torch.device, stream: torch.cuda.Stream):
+        key = (device.index, stream.cuda_stream)
         if key not in self._sessions:
             so = self._ort.SessionOptions()
             so.log_severity_level = 3  # errors only
             so.register_custom_ops_library(self.library_path)
             # fp32 matmuls in ORT use TF32 by default; follow torch's setting instead.
             options = {"device_id": str(device.index),
-                       "use_tf32": str(int(torch.backends.cuda.matmul.allow_tf32))}
-            if stream:
-                options.update(has_user_compute_stream="1", user_compute_stream=str(stream))
+                       "use_tf32": str(int(torch.backends.cuda.matmul.allow_tf32)),
+                       "has_user_compute_stream": "1", "user_compute_stream": str(stream.cuda_stream)}
             session = self._ort.InferenceSession(
                 self.onnx_path, so, providers=[("CUDAExecutionProvider", options)])
             # One IOBinding per session, rebound on every call (creating one costs ~50 µs).
@@ -143,7 +152,9 @@ class OrtModel:
             else:
                 t = torch.empty(shape, dtype=dtype, device=device)
             outputs.append(t)
-        session, binding = self.session(device)
+        current = torch.cuda.current_stream(device)
+        stream = self._stream(device)
+        session, binding = self.session(device, stream)
         for name, t in zip(ir.inputs, tensors):
             binding.bind_input(name, "cuda", device.index, _np(ir.values[name].dtype), tuple(t.shape), t.data_ptr())
         for oname, t, name in zip(self._output_names, outputs, ir.outputs):
@@ -155,7 +166,11 @@ class OrtModel:
             binding.bind_output(oname, "cuda", device.index, _np(ir.values[oname.removeprefix("mutated_")].dtype),
                                 tuple(new.shape), new.data_ptr())
             mutated.append((src, new))
+        if stream is not current:
+            stream.wait_stream(current)  # inputs and outputs are ready on the caller's stream
         session.run_with_iobinding(binding, self._run_options)
+        if stream is not current:
+            current.wait_stream(stream)  # the caller's later work sees the results
         for src, new in mutated:  # the model mutates these inputs: so does the compiled model
             src.copy_(new)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
