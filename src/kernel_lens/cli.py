@@ -150,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "compile":  # long steps report progress (to stderr) even without -v
+        for name in ("kernel_lens.toolchain.build", "kernel_lens.frontends.aot", "kernel_lens.compiler"):
+            logging.getLogger(name).setLevel(logging.INFO)
     handlers = {"dump-ir": cmd_dump_ir, "passes": cmd_passes, "compile": cmd_compile,
                 "targets": cmd_targets}
     try:
