@@ -87,22 +87,7 @@ def _check(compiled, module, inputs):
     return ours
 
 
-# Graph inputs/outputs of these dtypes cannot be bound from Python yet (ORT's Python IOBinding
-# takes numpy dtypes, which have no bf16/fp8); the custom ops themselves handle them.
-PYTHON_BINDING_GAPS = {"dtype_fp16_bf16", "dtype_fp8"}
-
-
-@pytest.mark.parametrize("name", sorted(PYTHON_BINDING_GAPS))
-def test_bf16_fp8_graph_io_from_python_is_a_clear_error(name, tmp_path):
-    module = load_module(MODELS[name])
-    examples = [t.cuda() for t in module.example_inputs]
-    compiled = kl.compile(_cuda_model(module), [t.clone() for t in examples],
-                          dynamic_shapes=module.dynamic_shapes, targets=["ort"], output_dir=tmp_path)
-    with pytest.raises(kl.KernelLensError, match="not supported yet"):
-        compiled.run(*examples)
-
-
-@pytest.mark.parametrize("name", sorted(set(MODELS) - PYTHON_BINDING_GAPS))
+@pytest.mark.parametrize("name", sorted(MODELS))
 def test_ort_matches_native_triton_bit_for_bit(name, tmp_path):
     module = load_module(MODELS[name])
     examples = [t.cuda() for t in module.example_inputs]

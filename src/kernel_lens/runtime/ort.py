@@ -10,18 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 import sympy
 import torch
 
 from ..errors import KernelLensError
 from ..ir import DType, GraphIR, parse
 from ..ir.types import torch_name
-
-_NUMPY = {DType.fp32: np.float32, DType.fp16: np.float16, DType.fp64: np.float64,
-          DType.i64: np.int64, DType.i32: np.int32, DType.i16: np.int16, DType.i8: np.int8,
-          DType.u8: np.uint8, DType.i1: np.bool_}
-
+from ..onnx import onnx_dtype
 
 class InputError(KernelLensError):
     """An input tensor does not match what the model was compiled for."""
@@ -156,14 +151,14 @@ class OrtModel:
         stream = self._stream(device)
         session, binding = self.session(device, stream)
         for name, t in zip(ir.inputs, tensors):
-            binding.bind_input(name, "cuda", device.index, _np(ir.values[name].dtype), tuple(t.shape), t.data_ptr())
+            binding.bind_input(name, "cuda", device.index, _element_type(ir.values[name].dtype), tuple(t.shape), t.data_ptr())
         for oname, t, name in zip(self._output_names, outputs, ir.outputs):
-            binding.bind_output(oname, "cuda", device.index, _np(ir.values[name].dtype), tuple(t.shape), t.data_ptr())
+            binding.bind_output(oname, "cuda", device.index, _element_type(ir.values[name].dtype), tuple(t.shape), t.data_ptr())
         mutated = []
         for oname in self._mutated:
             src = tensors[ir.inputs.index(oname.removeprefix("mutated_"))]
             new = torch.empty_like(src)
-            binding.bind_output(oname, "cuda", device.index, _np(ir.values[oname.removeprefix("mutated_")].dtype),
+            binding.bind_output(oname, "cuda", device.index, _element_type(ir.values[oname.removeprefix("mutated_")].dtype),
                                 tuple(new.shape), new.data_ptr())
             mutated.append((src, new))
         if stream is not current:
@@ -176,8 +171,6 @@ class OrtModel:
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
-def _np(dtype: DType):
-    try:
-        return _NUMPY[dtype]
-    except KeyError:
-        raise KernelLensError(f"binding {dtype.value} tensors from Python is not supported yet") from None
+def _element_type(dtype: DType) -> int:
+    """ORT's IOBinding element type: the ONNX TensorProto code (covers bf16 and fp8 too)."""
+    return onnx_dtype(dtype)
