@@ -7,6 +7,7 @@ custom ops launch on the same stream torch uses.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Sequence
 
@@ -43,6 +44,7 @@ class OrtModel:
                    for s in ir.values[name].shape] for name in ir.outputs}
         self._sessions: dict[tuple[int, int], object] = {}
         self._side_streams: dict[int, torch.cuda.Stream] = {}
+        self._lock = threading.Lock()  # one IOBinding per session: bind + run must not interleave
         # Per input dim: an int, or a function of the symbol values (checked on every call).
         self._dims = [[int(t) if t.lstrip("-").isdigit() else
                        sympy.lambdify(list(map(sympy.Symbol, names)), parse(t, names), "math")
@@ -147,6 +149,11 @@ class OrtModel:
             else:
                 t = torch.empty(shape, dtype=dtype, device=device)
             outputs.append(t)
+        with self._lock:
+            return self._run_locked(tensors, outputs, device)
+
+    def _run_locked(self, tensors, outputs, device):
+        ir = self.ir
         current = torch.cuda.current_stream(device)
         stream = self._stream(device)
         session, binding = self.session(device, stream)

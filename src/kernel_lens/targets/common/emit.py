@@ -110,7 +110,8 @@ class LaunchView:
     launch: Launch
     io: LaunchIO
     op_type: str
-    symbols: list[tuple[str, str, str, str]]    # (name, C++ value, min, max-or-"")
+    symbols: list[tuple[str, str, str, str, str]]  # (name, C++ value, min, max-or-"", divisibility check)
+    dim_checks: list[tuple[int, int, str, str]]  # (input, dim, C++ expected value, IR text)
     outputs: list[tuple[int, list[str], int | None, str]]  # (index, dims, copy_from, bytes expr)
     pointers: list[tuple[str, str]]             # (param, C++ pointer expression)
     scalars: list[tuple[str, str, str]]         # (param, C++ type, C++ value)
@@ -131,6 +132,10 @@ def _binary_views(kernel: KernelIR, prefix: str) -> list[BinaryView]:
         if binary.num_ctas != 1:
             raise UnsupportedKernelError(f"kernel {kernel.name}: num_ctas={binary.num_ctas} (thread-block "
                                          f"clusters) is not supported by the kernel_lens launcher yet")
+        for flag in ("launch_cooperative_grid", "launch_pdl"):
+            if kernel.options.extra.get(flag):
+                raise UnsupportedKernelError(f"kernel {kernel.name}: {flag}=True is not supported by the "
+                                             f"kernel_lens launcher yet (it launches with cuLaunchKernel)")
         view = BinaryView(symbol=f"{prefix}_bin{bi}", binary=binary)
         for pname, spec in binary.assumptions.items():
             param = kernel.param(pname)
@@ -150,6 +155,10 @@ def _binary_views(kernel: KernelIR, prefix: str) -> list[BinaryView]:
             name = f"a{bi}_{abi.name}"
             if param.kind == ParamKind.tensor:
                 view.args.append(f"void* {name} = p_{abi.name};")
+            elif param.dtype in (DType.fp16, DType.bf16, DType.fp8e4nv, DType.fp8e5):
+                raise UnsupportedKernelError(
+                    f"kernel {kernel.name}: scalar {abi.name!r} is annotated {param.dtype.value}; "
+                    f"only fp32/fp64 float scalars are supported (pass a Python float)")
             else:
                 view.args.append(f"{abi.c_type} {name} = static_cast<{abi.c_type}>(v_{abi.name});")
             view.arg_names.append(name)
@@ -175,9 +184,17 @@ def launch_views(ir: GraphIR) -> tuple[list[LaunchView], dict[str, KernelView]]:
             value = f"ctx.dim({src.input}, {src.dim})"
             if src.offset:
                 value = f"({value} - {src.offset})"
+            divisible = f"{value} % {src.scale} == 0" if src.scale != 1 else ""
             if src.scale != 1:
                 value = f"{value} / {src.scale}"
-            symbols.append((cxx_name(sym), value, str(info.min), "" if info.max is None else str(info.max)))
+            symbols.append((cxx_name(sym), value, str(info.min), "" if info.max is None else str(info.max),
+                            divisible))
+        sources = {(src.input, src.dim) for src in io.symbols.values() if src.scale == 1 and not src.offset}
+        dim_checks = []  # every other input dim must agree with the IR (ORT does not check dim_params)
+        for k, value in enumerate(io.inputs):
+            for d, text in enumerate(ir.values[value].shape):
+                if (k, d) not in sources:
+                    dim_checks.append((k, d, cxx.int(text), text))
         outputs = []
         for j, (root, _) in enumerate(io.outputs):
             dims = [cxx.int(s) for s in ir.values[root].shape]
@@ -213,8 +230,8 @@ def launch_views(ir: GraphIR) -> tuple[list[LaunchView], dict[str, KernelView]]:
                 k = ir.kernels[kid]
                 kernels[kid] = KernelView(k, _binary_views(k, f"k_{kid}"))
         grid = [cxx.int(g) for g in launch.grid]
-        launches.append(LaunchView(index, launch, io, launch.kernel, symbols, outputs, pointers,
-                                   scalars, guards, dispatch, grid))
+        launches.append(LaunchView(index, launch, io, launch.kernel, symbols, dim_checks, outputs,
+                                   pointers, scalars, guards, dispatch, grid))
     return launches, kernels
 
 

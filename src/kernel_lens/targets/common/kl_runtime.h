@@ -50,6 +50,7 @@ struct Driver {
   CUresult (*cuStreamGetCtx)(CUstream, CUcontext*) = nullptr;
   CUresult (*cuDeviceGetAttribute)(int*, int, CUdevice) = nullptr;
   CUresult (*cuModuleLoadData)(CUmodule*, const void*) = nullptr;
+  CUresult (*cuModuleUnload)(CUmodule) = nullptr;
   CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*) = nullptr;
   CUresult (*cuFuncSetAttribute)(CUfunction, int, int) = nullptr;
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -96,6 +97,7 @@ inline const Driver* driver(Status* error) {
               load_symbol(lib, "cuStreamGetCtx", &d.cuStreamGetCtx) &&
               load_symbol(lib, "cuDeviceGetAttribute", &d.cuDeviceGetAttribute) &&
               load_symbol(lib, "cuModuleLoadData", &d.cuModuleLoadData) &&
+              load_symbol(lib, "cuModuleUnload", &d.cuModuleUnload) &&
               load_symbol(lib, "cuModuleGetFunction", &d.cuModuleGetFunction) &&
               load_symbol(lib, "cuFuncSetAttribute", &d.cuFuncSetAttribute) &&
               load_symbol(lib, "cuLaunchKernel", &d.cuLaunchKernel) &&
@@ -168,15 +170,10 @@ class ModuleCache {
     CUmodule module = nullptr;
     KL_CHECK(d, d.cuModuleLoadData(&module, image), std::string("kernel ") + b.kernel + ": cuModuleLoadData");
     CUfunction fn = nullptr;
-    KL_CHECK(d, d.cuModuleGetFunction(&fn, module, b.entry), std::string("kernel ") + b.kernel + ": cuModuleGetFunction");
-    if (b.shared > 48 * 1024) {
-      int optin = 0;
-      KL_CHECK(d, d.cuDeviceGetAttribute(&optin, kAttrMaxSharedOptin, dev), "cuDeviceGetAttribute");
-      if (static_cast<int>(b.shared) > optin)
-        return std::string("kernel ") + b.kernel + ": needs " + std::to_string(b.shared) +
-               " bytes of shared memory, the device allows " + std::to_string(optin);
-      KL_CHECK(d, d.cuFuncSetAttribute(fn, kFuncAttrMaxDynamicShared, static_cast<int>(b.shared)),
-               std::string("kernel ") + b.kernel + ": cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
+    Status s = prepare(d, dev, module, b, &fn);
+    if (!s.empty()) {
+      d.cuModuleUnload(module);  // do not leak the module on a failed setup
+      return s;
     }
     functions_[key] = fn;
     *out = fn;
@@ -184,6 +181,20 @@ class ModuleCache {
   }
 
  private:
+  static Status prepare(const Driver& d, CUdevice dev, CUmodule module, const Binary& b, CUfunction* fn) {
+    KL_CHECK(d, d.cuModuleGetFunction(fn, module, b.entry), std::string("kernel ") + b.kernel + ": cuModuleGetFunction");
+    if (b.shared > 48 * 1024) {
+      int optin = 0;
+      KL_CHECK(d, d.cuDeviceGetAttribute(&optin, kAttrMaxSharedOptin, dev), "cuDeviceGetAttribute");
+      if (static_cast<int>(b.shared) > optin)
+        return std::string("kernel ") + b.kernel + ": needs " + std::to_string(b.shared) +
+               " bytes of shared memory, the device allows " + std::to_string(optin);
+      KL_CHECK(d, d.cuFuncSetAttribute(*fn, kFuncAttrMaxDynamicShared, static_cast<int>(b.shared)),
+               std::string("kernel ") + b.kernel + ": cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
+    }
+    return {};
+  }
+
   std::mutex mutex_;
   std::map<std::pair<CUcontext, const Binary*>, CUfunction> functions_;
 };
