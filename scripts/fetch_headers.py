@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -62,40 +61,10 @@ def log(msg: str) -> None:
     print(f"fetch_headers: {msg}", file=sys.stderr, flush=True)
 
 
-# --- version parsing (duplicated from kernel_lens.toolchain.headers: this script is stdlib-only) ---
+# --- version parsing: the project's own reader (stdlib-only; works without installing) ---
 
-_DEFINE = re.compile(r"^\s*#\s*define\s+([A-Za-z_]\w*)[ \t]+([^\n]*)$", re.MULTILINE)
-
-
-def _defines(path: Path) -> dict[str, str]:
-    text = path.read_text(encoding="utf-8", errors="replace")
-    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.DOTALL)
-    text = re.sub(r"//[^\n]*", "", text)
-    return {m.group(1): m.group(2).strip() for m in _DEFINE.finditer(text)}
-
-
-def _resolve_int(defs: dict[str, str], name: str) -> int | None:
-    value, seen = defs.get(name), set()
-    while value is not None and not re.fullmatch(r"\d+", value):
-        if value in seen or value not in defs:
-            return None
-        seen.add(value)
-        value = defs[value]
-    return int(value) if value is not None else None
-
-
-def ort_api_version(include: Path) -> int | None:
-    header = include / ORT_MARKER
-    return _resolve_int(_defines(header), "ORT_API_VERSION") if header.is_file() else None
-
-
-def tensorrt_version(include: Path) -> str | None:
-    header = include / "NvInferVersion.h"
-    if not header.is_file():
-        return None
-    defs = _defines(header)
-    parts = [_resolve_int(defs, f"NV_TENSORRT_{p}") for p in ("MAJOR", "MINOR", "PATCH")]
-    return None if None in parts else ".".join(map(str, parts))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from kernel_lens.toolchain.headers import ort_api_version, tensorrt_version  # noqa: E402
 
 
 # --- fetching ---

@@ -23,6 +23,13 @@ def load_module(path: Path):
     return module
 
 
+def flatten(x):
+    """A model's outputs (a tensor or nested tuples of them) as a flat list."""
+    import torch
+
+    return [x] if isinstance(x, torch.Tensor) else [t for item in x for t in flatten(item)]
+
+
 def corpus_files():
     return sorted(p for p in CORPUS.glob("*.py") if not p.name.startswith("_"))
 

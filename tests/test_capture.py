@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 
 import kernel_lens as kl
 from kernel_lens.errors import CaptureError

@@ -11,13 +11,7 @@ from kernel_lens.errors import CompilationError
 from kernel_lens.frontends.aot import compile_binary
 from kernel_lens.ir import GraphIR, ParamKind, evaluate, parse
 
-from conftest import corpus_files, load_module
-
-
-def _flatten(x):
-    if isinstance(x, torch.Tensor):
-        return [x]
-    return [t for item in x for t in _flatten(item)]
+from conftest import corpus_files, flatten, load_module
 
 
 @pytest.fixture(scope="module", params=[p.stem for p in corpus_files()])
@@ -32,8 +26,8 @@ def compiled(request):
 
 def test_interpreter_output_matches_torch_reference(compiled):
     module, result, inputs = compiled
-    expected = _flatten(module.reference(*[t.clone() for t in inputs]))
-    actual = _flatten(result.example_outputs)
+    expected = flatten(module.reference(*[t.clone() for t in inputs]))
+    actual = flatten(result.example_outputs)
     assert len(actual) == len(expected)
     rtol, atol = module.tolerance
     for a, e in zip(actual, expected):

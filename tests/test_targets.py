@@ -14,11 +14,10 @@ from pathlib import Path
 import onnx
 import onnxruntime as ort
 import pytest
-import torch
 
 import kernel_lens as kl
 from kernel_lens.errors import KernelLensError
-from kernel_lens.targets.base import available_targets, get_target
+from kernel_lens.targets.base import available_targets
 from kernel_lens.targets.ort.target import ort_sources
 from kernel_lens.toolchain.build import build_shared_library
 from kernel_lens.toolchain.headers import find_ort_include

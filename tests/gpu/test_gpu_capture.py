@@ -11,17 +11,13 @@ import torch
 import kernel_lens as kl
 from kernel_lens.frontends.source import resolve_jit
 
-from conftest import corpus_files, load_module
+from conftest import corpus_files, flatten, load_module
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def _to_cuda(x):
     return x.cuda() if isinstance(x, torch.Tensor) else x
-
-
-def _flatten(x):
-    return [x] if isinstance(x, torch.Tensor) else [t for i in x for t in _flatten(i)]
 
 
 @pytest.mark.parametrize("name", [p.stem for p in corpus_files()])
@@ -36,7 +32,7 @@ def test_native_capture_matches_reference_and_jit(name):
     major, minor = torch.cuda.get_device_capability()
     assert compiled.ir.arch == major * 10 + minor
     rtol, atol = module.tolerance
-    for got, want in zip(_flatten(compiled.example_outputs), _flatten(module.reference(*ref_inputs))):
+    for got, want in zip(flatten(compiled.example_outputs), flatten(module.reference(*ref_inputs))):
         assert got.is_cuda
         want = want.cuda()
         torch.testing.assert_close(got, want, rtol=max(rtol, 1e-5), atol=max(atol, 1e-5))

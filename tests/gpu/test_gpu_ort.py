@@ -16,16 +16,12 @@ import torch
 import kernel_lens as kl
 from kernel_lens.ir import evaluate, parse
 
-from conftest import EXAMPLES, ROOT, corpus_files, load_module
+from conftest import EXAMPLES, ROOT, corpus_files, flatten, load_module
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 MODELS = {p.stem: p for p in corpus_files()}
 MODELS.update({p.stem: p for p in sorted(EXAMPLES.glob("*.py"))})
-
-
-def _flatten(x):
-    return [x] if isinstance(x, torch.Tensor) else [t for i in x for t in _flatten(i)]
 
 
 def _cuda_model(module):
@@ -68,8 +64,8 @@ INEXACT_OPS = ("aten.linear", "aten.matmul", "aten.mm", "aten.scaled_dot_product
 
 def _check(compiled, module, inputs):
     ref_inputs = [t.clone() for t in inputs]
-    native = _flatten(_cuda_model(module)(*ref_inputs))
-    ours = _flatten(compiled.run(*inputs))
+    native = flatten(_cuda_model(module)(*ref_inputs))
+    ours = flatten(compiled.run(*inputs))
     # Float atomics accumulate in a nondeterministic order: two native runs differ too.
     exact = not any(op.op.startswith(INEXACT_OPS) for op in compiled.ir.ops) and not any(
         "atomic_" in k.source.text for k in compiled.ir.kernels.values())

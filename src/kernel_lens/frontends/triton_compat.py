@@ -7,7 +7,6 @@ of its rules) keeps our binaries identical to what Triton's JIT would launch.
 from __future__ import annotations
 
 import functools
-import inspect
 from typing import Any
 
 from triton.backends.compiler import GPUTarget
@@ -48,14 +47,6 @@ def bind_params(jit_fn: JITFunction, args: tuple, kwargs: dict) -> dict[str, Any
     return dict(bound.arguments)
 
 
-def option_kwargs(jit_fn: JITFunction, kwargs: dict) -> dict[str, Any]:
-    names = {p.name for p in jit_fn.params}
-    return {k: v for k, v in kwargs.items() if k not in names}
-
-
 def is_constexpr_param(jit_fn: JITFunction, name: str) -> bool:
     return any(p.name == name and p.is_constexpr for p in jit_fn.params)
 
-
-def signature_names(jit_fn: JITFunction) -> list[str]:
-    return list(inspect.signature(jit_fn.fn).parameters)

@@ -18,7 +18,7 @@ import sympy
 from ...errors import SymbolicError, UnsupportedKernelError
 from ...ir import DType, GraphIR, KernelBinary, KernelIR, Launch, ParamKind, parse, symbol
 from ...ir.cxx_printer import to_cxx
-from ...ir.launch_io import LaunchIO, launch_io, root_of
+from ...ir.launch_io import LaunchIO, launch_io
 
 HERE = Path(__file__).parent
 
