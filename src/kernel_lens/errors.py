@@ -61,3 +61,27 @@ class ToolchainError(KernelLensError):
 
 class BuildError(KernelLensError):
     """Compiling or linking a generated plugin library failed."""
+
+
+class OutputPathError(KernelLensError):
+    """An output folder or file cannot be written safely (not a folder, or outside the folder)."""
+
+
+class ArtifactError(KernelLensError):
+    """A compiled artifact folder (manifest, IR, libraries) is missing, malformed or unsafe."""
+
+
+class CacheError(KernelLensError):
+    """A build-cache entry is not trustworthy (not a regular file, another owner, wrong hash)."""
+
+
+class ModelFileError(KernelLensError):
+    """A model file does not define what kernel_lens needs, or defining it failed."""
+
+
+class InputError(KernelLensError):
+    """An input (example tensors, run-time tensors, options) does not match what is expected."""
+
+
+class ArchError(KernelLensError):
+    """An unknown or unsupported GPU architecture was asked for."""

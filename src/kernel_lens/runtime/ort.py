@@ -14,14 +14,10 @@ from typing import Sequence
 import sympy
 import torch
 
-from ..errors import KernelLensError
+from ..errors import InputError, KernelLensError
 from ..ir import DType, GraphIR, parse
 from ..ir.types import torch_name
 from ..onnx import onnx_dtype
-
-class InputError(KernelLensError):
-    """An input tensor does not match what the model was compiled for."""
-
 
 class OrtModel:
     """An ONNX Runtime session over a compiled model, called with torch CUDA tensors."""
