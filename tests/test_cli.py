@@ -90,14 +90,14 @@ def test_ptx_clamp_from_cli(tmp_path):
 
 def test_errors_exit_nonzero_with_a_message(tmp_path):
     missing = kl("compile", str(tmp_path / "nope.py"), check=False)
-    assert missing.returncode == 1 and "does not exist" in missing.stderr
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
     empty = tmp_path / "empty_model.py"
     empty.write_text("x = 1\n")
     proc = kl("dump-ir", str(empty), check=False)
-    assert proc.returncode == 1 and "must define model and example_inputs" in proc.stderr
+    assert proc.returncode == 2 and "must define model and example_inputs" in proc.stderr
     proc = kl("dump-ir", TOY, "--after", "bogus", check=False)
-    assert proc.returncode == 1 and "no pass named 'bogus'" in proc.stderr
+    assert proc.returncode == 2 and "no pass named 'bogus'" in proc.stderr
     proc = kl("compile", TOY, "--arch", "banana", check=False)
     assert proc.returncode == 2 and "--arch" in proc.stderr
     bad = str(ROOT / "tests" / "models" / "bad_kernels.py")
-    assert kl("dump-ir", bad, check=False).returncode == 1
+    assert kl("dump-ir", bad, check=False).returncode == 2

@@ -12,11 +12,21 @@ from . import __version__
 from .errors import KernelLensError
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with errors in kernel_lens's own form (``kernel_lens: error: ...``, exit 2)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"kernel_lens: error: {message} (see {self.prog} --help)\n")
+
+
 def _arch(text: str) -> int:
-    value = text.lower().removeprefix("sm_").removeprefix("sm").rstrip("a")
-    if not value.isdigit():
-        raise argparse.ArgumentTypeError(f"--arch {text!r}: expected e.g. sm_90 or 90")
-    return int(value)
+    from .archs import parse_arch
+    from .errors import ArchError
+
+    try:
+        return parse_arch(text)
+    except ArchError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _json(text: str) -> dict:
@@ -43,12 +53,14 @@ def _front_half_args(p: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="kernel_lens",
         description="Compile PyTorch models with custom Triton kernels for ONNX Runtime and TensorRT.")
     parser.add_argument("--version", action="version", version=f"kernel_lens {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress and pass timings")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--debug", action="store_true",
+                        help="on an error, show the full traceback and what torch printed")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     dump = sub.add_parser("dump-ir", help="print the IR of a model file (human-readable or JSON)")
     dump.add_argument("file", nargs="?", help="model file (not needed with --schema)")
@@ -132,9 +144,13 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from .passes import dump_to_dir
     from .targets.base import get_target
 
+    from .fileio import ensure_folder
+
     for name in args.target:  # fail fast on a typo, before the slow front half
         get_target(name)
     out = Path(args.output)
+    if out.exists() and not out.is_dir():
+        ensure_folder(out)  # refused here, before any work starts
     compiled = _compile(args, dump_after=args.dump_after,
                         dump=dump_to_dir(out / "dumps") if args.dump_after else None)
     paths = compiled.write(out, args.target)
@@ -148,8 +164,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+    logging.basicConfig(level=logging.INFO if args.verbose or args.debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    if args.debug:  # kernel_lens's own debug records, e.g. what torch.export printed
+        logging.getLogger("kernel_lens").setLevel(logging.DEBUG)
     if args.command == "compile":  # long steps report progress (to stderr) even without -v
         for name in ("kernel_lens.toolchain.build", "kernel_lens.frontends.aot", "kernel_lens.compiler"):
             logging.getLogger(name).setLevel(logging.INFO)
@@ -158,8 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return handlers[args.command](args)
     except KernelLensError as exc:
+        if args.debug:
+            raise
         print(f"kernel_lens: error: {exc}", file=sys.stderr)
-        return 1
+        return 2
 
 
 if __name__ == "__main__":

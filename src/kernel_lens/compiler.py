@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .errors import KernelLensError
+from .errors import ArtifactError, IRError, KernelLensError
+from .fileio import atomic_write, ensure_folder, inside
 from .frontends.aot import compile_binary
 from .frontends.lift import lift_with_outputs
 from .ir import GraphIR
@@ -35,23 +36,26 @@ class CompiledModel:
         return summarize(self.ir, self.timings)
 
     def write(self, directory: str | Path, targets: Iterable[str] = ()) -> dict[str, Path]:
-        """Write the IR, the summary and each target's artifacts into ``directory``."""
+        """Write the IR, the summary and each target's artifacts into ``directory``.
+
+        File names come from the IR's name, a validated identifier; every path is checked to lie
+        inside ``directory`` and written atomically (links at those names are replaced)."""
         from .targets.base import get_target
 
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        directory = ensure_folder(directory)
         stem = self.ir.name
-        ir_path = self.ir.save(directory / f"{stem}.ir.json")
-        summary_path = directory / f"{stem}.summary.txt"
-        summary_path.write_text(self.summary())
+        ir_path = self.ir.save(inside(directory, f"{stem}.ir.json"))
+        summary_path = atomic_write(inside(directory, f"{stem}.summary.txt"), self.summary())
         self.artifacts.update({"ir": ir_path, "summary": summary_path})
         for name in targets:
             log.info("building target %s", name)
             for kind, path in get_target(name).build(self.ir, directory).items():
-                self.artifacts[f"{name}.{kind}"] = path
+                self.artifacts[f"{name}.{kind}"] = inside(directory, Path(path).relative_to(directory)
+                                                          if Path(path).is_absolute() else path)
         manifest = {k: str(v.relative_to(directory)) for k, v in self.artifacts.items()
                     if v.is_relative_to(directory)}
-        (directory / MANIFEST).write_text(json.dumps({"name": stem, "artifacts": manifest}, indent=1))
+        atomic_write(inside(directory, MANIFEST),
+                     json.dumps({"name": stem, "artifacts": manifest}, indent=1))
         return dict(self.artifacts)
 
     def run(self, *tensors: Any, out: Any = None) -> Any:
@@ -66,19 +70,56 @@ class CompiledModel:
         return self._runner.run(*tensors, out=out)
 
 
+def _manifest_path(directory: Path, manifest_path: Path, kind: object, rel: object) -> Path:
+    """A manifest entry as a path inside ``directory``: relative, normalized, no links out."""
+    if not isinstance(kind, str) or not isinstance(rel, str):
+        raise ArtifactError(f"{manifest_path}: artifact entries must map names to relative paths, "
+                            f"got {kind!r}: {rel!r}")
+    parts = Path(rel).parts
+    if not rel or Path(rel).is_absolute() or ".." in parts or "." in parts or str(Path(rel)) != rel \
+            or "\0" in rel:
+        raise ArtifactError(f"{manifest_path}: artifact {kind!r} has path {rel!r}; only relative, "
+                            f"normalized paths inside the folder are accepted (recompile to "
+                            f"regenerate the manifest)")
+    path = directory / rel
+    root = directory.resolve()
+    if not path.resolve().is_relative_to(root):
+        raise ArtifactError(f"{manifest_path}: artifact {kind!r} ({rel}) resolves outside {directory} "
+                            f"(through a link); refusing to open it")
+    return path
+
+
 def load(directory: str | Path) -> CompiledModel:
-    """Reopen a compiled artifact folder without recompiling anything."""
+    """Reopen a compiled artifact folder without recompiling anything.
+
+    The manifest and IR are data: they are validated, never executed. Only the artifacts the
+    manifest names inside ``directory`` are used; a plugin library is opened later, by ``run``.
+    """
     directory = Path(directory)
     manifest_path = directory / MANIFEST
     if not manifest_path.is_file():
-        raise KernelLensError(f"{directory} is not a kernel_lens output folder (no {MANIFEST}); "
-                              f"create one with kernel_lens compile FILE.py -o {directory}")
-    manifest = json.loads(manifest_path.read_text())
-    artifacts = {k: directory / v for k, v in manifest["artifacts"].items()}
-    missing = [str(p) for p in artifacts.values() if not p.exists()]
+        raise ArtifactError(f"{directory} is not a kernel_lens output folder (no {MANIFEST}); "
+                            f"create one with kernel_lens compile FILE.py -o {directory}")
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ArtifactError(f"{manifest_path} is not a valid manifest ({exc}); recompile into "
+                            f"{directory}") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("artifacts"), dict):
+        raise ArtifactError(f"{manifest_path} is malformed: expected an object with an "
+                            f"'artifacts' object; recompile into {directory}")
+    artifacts = {k: _manifest_path(directory, manifest_path, k, v)
+                 for k, v in manifest["artifacts"].items()}
+    if "ir" not in artifacts:
+        raise ArtifactError(f"{manifest_path} names no IR ('ir' entry); recompile into {directory}")
+    missing = [str(p) for p in artifacts.values() if not p.is_file()]
     if missing:
-        raise KernelLensError(f"{directory}: artifacts missing: {', '.join(missing)}")
-    return CompiledModel(GraphIR.load(artifacts["ir"]), artifacts=artifacts)
+        raise ArtifactError(f"{directory}: artifacts missing: {', '.join(missing)}")
+    try:
+        ir = GraphIR.load(artifacts["ir"])
+    except IRError as exc:
+        raise ArtifactError(f"{artifacts['ir']}: {exc}") from None
+    return CompiledModel(ir, artifacts=artifacts)
 
 
 def pass_context(options: dict | None = None) -> PassContext:
@@ -99,14 +140,16 @@ def compile(model: Callable, example_inputs: Iterable[Any], *, dynamic_shapes: A
     (``{"kernel": {"BLOCK": 128}}``); ``options`` configure passes (e.g. ``ptx_version``);
     ``targets`` (e.g. ``["ort"]``) are built into ``output_dir``.
     """
+    targets = list(targets)
+    if targets and output_dir is None:
+        raise KernelLensError(f"targets {targets} write files: pass output_dir=")
+    if output_dir is not None and Path(output_dir).exists() and not Path(output_dir).is_dir():
+        ensure_folder(output_dir)  # refused before any work starts
     ir, outputs = lift_with_outputs(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes,
                                     arch=arch, roles=roles, autotune=autotune)
     pm = pass_manager or default_pipeline()
     ir = pm.run(ir, pass_context(options), stop_after=stop_after, dump_after=dump_after, dump=dump)
     compiled = CompiledModel(ir, outputs, list(pm.timings))
-    targets = list(targets)
-    if targets and output_dir is None:
-        raise KernelLensError(f"targets {targets} write files: pass output_dir=")
     if output_dir is not None:
         compiled.write(output_dir, targets)
     return compiled

@@ -12,10 +12,12 @@ import sympy
 import torch
 from torch.export.graph_signature import InputKind
 
-from ..errors import CaptureError, TraceError, UnsupportedKernelError
+from ..archs import check_arch
+from ..errors import CaptureError, InputError, TraceError, UnsupportedKernelError
 from ..ir import (CompileOptions, ConstantData, ConstArg, Dispatch, GraphIR, KernelIR, KernelParam, Launch,
                   LaunchArg, ListArg, ParamKind, Role, SymArg, SymbolInfo, TensorValue, TorchOp,
                   ValueArg, format_expr, symbol)
+from ..ir.names import is_identifier, safe_identifier
 from ..ir.symbolic import to_plain_sympy
 from ..ir.kernel import Specialization
 from ..ir.types import dtype_from_torch, dtype_from_triton, DType
@@ -28,6 +30,41 @@ log = logging.getLogger(__name__)
 
 _OPTION_DEFAULTS = {"num_warps": 4, "num_stages": 3, "num_ctas": 1}
 _RESERVED = set(dir(sympy)) | set(keyword.kwlist)
+
+
+def check_example_inputs(example_inputs: object) -> tuple:
+    """The example inputs as a tuple of tensors, or :class:`InputError` naming the culprit."""
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    if not isinstance(example_inputs, (tuple, list)):
+        raise InputError(f"example_inputs must be a tuple of torch tensors, got "
+                         f"{type(example_inputs).__name__}")
+    if not example_inputs:
+        raise InputError("example_inputs is empty; pass the tensors the model's forward takes")
+    for i, t in enumerate(example_inputs):
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"example_inputs[{i}] is a {type(t).__name__}, not a torch.Tensor; "
+                             f"kernel_lens compiles models whose inputs are tensors (make "
+                             f"constants attributes of the model, or pass torch.tensor(value))")
+    return tuple(example_inputs)
+
+
+def check_roles(roles: object) -> dict[str, dict[str, str]]:
+    """``roles`` as {kernel: {param: role}}, or :class:`InputError` naming the bad entry."""
+    if roles is None:
+        return {}
+    valid = [r.value for r in Role]
+    if not isinstance(roles, dict):
+        raise InputError(f"roles must be a dict {{kernel: {{param: role}}}}, got {type(roles).__name__}")
+    for kernel, mapping in roles.items():
+        if not isinstance(kernel, str) or not isinstance(mapping, dict):
+            raise InputError(f"roles[{kernel!r}] must be a dict {{param: role}}, got "
+                             f"{type(mapping).__name__}")
+        for param, role in mapping.items():
+            if role not in valid:
+                raise InputError(f"roles[{kernel!r}][{param!r}] = {role!r} is not a role; use one "
+                                 f"of {', '.join(valid)}")
+    return roles
 
 
 def default_arch() -> int:
@@ -97,6 +134,11 @@ def build_kernels(captured: list[CapturedLaunch]) -> tuple[dict[str, KernelIR], 
         if key in by_key:
             continue
         name = kernel_name(launch.jit)
+        bad = [n for n in [name, *(p.name for p in launch.jit.params)] if not is_identifier(n)]
+        if bad:
+            raise UnsupportedKernelError(
+                f"kernel {name!r}: name {bad[0]!r} is not an ASCII identifier; kernel and parameter "
+                f"names reach generated C++, so rename it to letters, digits and underscores")
         source, helpers = describe_kernel(launch.jit, name)
         params, specs = _kernel_params(launch)
         digest = hashlib.sha256(repr((source.qualname, key[1:])).encode()).hexdigest()[:8]
@@ -194,8 +236,8 @@ class _Symbols:
                                       scale=scale, offset=offset)
 
     def _name(self, preferred: str | None, index: int) -> str:
-        if preferred and preferred.isidentifier() and preferred not in _RESERVED \
-                and preferred not in self.table:
+        if preferred and is_identifier(preferred) and not preferred.startswith("_") \
+                and preferred not in _RESERVED and preferred not in self.table:
             return preferred
         return f"s{index}"
 
@@ -409,9 +451,12 @@ def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes:
                       autotune: dict[str, dict] | None = None,
                       name: str | None = None) -> tuple[GraphIR, Any]:
     """:func:`lift`, also returning what the captured eager forward returned."""
-    if not isinstance(example_inputs, (tuple, list)):
-        raise CaptureError("example_inputs must be a tuple of tensors")
-    arch = arch or default_arch()
+    example_inputs = check_example_inputs(example_inputs)
+    arch = check_arch(default_arch() if arch is None else arch)
+    roles = check_roles(roles)
+    if not callable(model):
+        raise InputError(f"model must be a torch.nn.Module or a callable, got {type(model).__name__}")
+    display = name or getattr(model, "__name__", None) or type(model).__name__
     captured = capture(model, tuple(example_inputs), arch, autotune)
     program, traced = trace(model, tuple(example_inputs), dynamic_shapes, captured.launches)
     variant_launches, owners = guard_variants(captured.launches, traced)
@@ -427,7 +472,7 @@ def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes:
     for kernel in kernels.values():
         kernel.binaries.append(compile_binary(kernel, arch, kernel.specialization, specialized=True))
     ir = GraphIR(
-        name=name or type(model).__name__, arch=arch, symbols=builder.syms.table, inputs=inputs,
+        name=safe_identifier(display), display_name=str(display)[:512], arch=arch, symbols=builder.syms.table, inputs=inputs,
         outputs=outputs, values=builder.values, constants=builder.constants, ops=builder.ops,
         launches=builder.launches, kernels=kernels,
     )

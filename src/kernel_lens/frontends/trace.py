@@ -9,6 +9,8 @@ launch keeps its place among the torch ops and its tensor arguments bind to grap
 from __future__ import annotations
 
 import contextlib
+import io
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, List
 
@@ -18,6 +20,8 @@ from ..errors import KernelLensError, TraceError, UnsupportedKernelError
 from . import triton_compat as tc
 from .capture import (CapturedLaunch, _normalize_grid, _patched, check_arguments, innermost_jit,
                       kernel_name)
+
+log = logging.getLogger(__name__)
 
 
 @torch.library.custom_op("kernel_lens::launch", mutates_args=("tensors",))
@@ -154,14 +158,19 @@ def trace(model: Callable, example_inputs: tuple, dynamic_shapes: Any,
     """Export ``model`` with the user's dynamic dims; returns the program and the launches."""
     module = model if isinstance(model, torch.nn.Module) else _Wrapper(model)
     tracer = _Tracer(captured)
+    # torch.export prints the whole graph to stderr when it fails; keep it for --debug / logging.
+    chatter = io.StringIO()
     try:
-        with _tracing(tracer):
+        with _tracing(tracer), contextlib.redirect_stderr(chatter):
             program = torch.export.export(module, tuple(example_inputs),
                                           dynamic_shapes=dynamic_shapes, strict=False)
     except KernelLensError:
         raise
     except Exception as exc:
         raise TraceError(_explain(exc)) from exc
+    finally:
+        if chatter.getvalue().strip():
+            log.debug("torch.export printed:\n%s", chatter.getvalue())
     if len(tracer.launches) != len(captured):
         raise TraceError(f"the eager forward launched {len(captured)} kernels but torch.export saw "
                          f"{len(tracer.launches)}; the launches depend on tensor values")
@@ -179,5 +188,9 @@ def _explain(exc: BaseException) -> str:
                 "min/max (sizes 0 and 1 are specialized by torch.export) or mark the dim static")
     else:
         hint = "torch.export could not trace the forward"
-    detail = "\n".join(text.splitlines()[:12])
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    # torch's first line says what failed; "Caused by: (file:line in fn)" says where. The rest
+    # is torch's advice on its own debug flags (shown with --debug).
+    where = [ln for ln in lines if ln.startswith("Caused by:") or ln.startswith("User Stack")][:1]
+    detail = "\n".join((lines[:1] if where else lines[:8]) + where)
     return f"{hint}.\n{name}: {detail}"

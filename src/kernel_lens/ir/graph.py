@@ -11,22 +11,24 @@ from typing import Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ..errors import IRError
+from ..errors import IRError, SymbolicError
 from .kernel import Base64Bytes, KernelIR
-from .symbolic import SymbolInfo, SymExpr, parse
+from .names import Identifier, MAX_NAME
+from .symbolic import SymbolInfo, SymExpr, parse, symbol
 from .types import DType
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # Float constants (scalar kernel arguments) may be inf or nan: JSON gets Infinity/NaN.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, ser_json_inf_nan="constants")
 
 
 class TensorValue(_Model):
     """A tensor flowing through the graph: a graph input, a weight, or an intermediate."""
 
-    name: str
+    name: Identifier
     dtype: DType
     shape: list[SymExpr]
     strides: list[SymExpr]
@@ -43,7 +45,7 @@ class ConstantData(_Model):
 
 # Arguments of torch ops: references to tensors, symbolic ints, constants, lists of those.
 class ValueArg(_Model):
-    ref: str
+    ref: Identifier
 
 
 class SymArg(_Model):
@@ -69,8 +71,8 @@ class TorchOp(_Model):
     op: str = Field(description="ATen overload, e.g. 'aten.empty_like.default'")
     args: list[OpArg] = Field(default_factory=list)
     kwargs: dict[str, OpArg] = Field(default_factory=dict)
-    outputs: list[str] = Field(description="names of the tensors it produces")
-    aliases: list[str] = Field(
+    outputs: list[Identifier] = Field(description="names of the tensors it produces")
+    aliases: list[Identifier] = Field(
         default_factory=list, description="input tensors its outputs may share memory with (views, in-place)"
     )
 
@@ -81,9 +83,9 @@ ArgRole = Literal["input", "output", "inplace", "scalar", "constexpr"]
 class LaunchArg(_Model):
     """How one kernel parameter is bound at one launch."""
 
-    name: str
+    name: Identifier
     role: ArgRole | None = Field(description="None only before role inference")
-    value: str | None = Field(default=None, description="tensor parameters: the tensor's name")
+    value: Identifier | None = Field(default=None, description="tensor parameters: the tensor's name")
     expr: SymExpr | None = Field(
         default=None, description="integer scalars: the value as an expression of graph dims"
     )
@@ -98,19 +100,19 @@ class LaunchArg(_Model):
 class Dispatch(_Model):
     """Which kernel specialization serves a launch for given values of its guarded constexprs."""
 
-    when: dict[str, bool]
-    kernel: str
+    when: dict[Identifier, bool]
+    kernel: Identifier
 
 
 class Launch(_Model):
     """One kernel launch, in program order."""
 
     order: int = Field(description="position in program order, shared with torch ops")
-    kernel: str = Field(description="key into GraphIR.kernels")
+    kernel: Identifier = Field(description="key into GraphIR.kernels")
     grid: tuple[SymExpr, SymExpr, SymExpr]
     args: list[LaunchArg] = Field(description="one per kernel parameter, in signature order")
     captured_grid: tuple[int, int, int] = Field(description="the grid seen during capture")
-    guards: dict[str, SymExpr] = Field(
+    guards: dict[Identifier, SymExpr] = Field(
         default_factory=dict,
         description="constexprs computed from dynamic dims (e.g. by @triton.heuristics): name -> "
         "boolean sympy expression over graph dims, evaluated at run time",
@@ -125,18 +127,22 @@ class GraphIR(_Model):
     """A model whose forward launches Triton kernels, lifted into data."""
 
     schema_version: str = SCHEMA_VERSION
-    name: str
+    name: Identifier = Field(description="safe identifier of the model: file stems, C++ and ONNX "
+                             "names are made from it")
+    display_name: str = Field(default="", max_length=4 * MAX_NAME,
+                              description="the model's own name as the user wrote it (display only; "
+                              "never used in a path, C++ or ONNX)")
     arch: int = Field(description="compute capability the kernels were compiled for")
-    symbols: dict[str, SymbolInfo] = Field(
+    symbols: dict[Identifier, SymbolInfo] = Field(
         default_factory=dict, description="dimension symbol -> which graph input and dim it is"
     )
-    inputs: list[str] = Field(description="graph inputs, by value name, in call order")
-    outputs: list[str] = Field(description="graph outputs, by value name, in return order")
-    values: dict[str, TensorValue] = Field(default_factory=dict)
-    constants: dict[str, ConstantData] = Field(default_factory=dict)
+    inputs: list[Identifier] = Field(description="graph inputs, by value name, in call order")
+    outputs: list[Identifier] = Field(description="graph outputs, by value name, in return order")
+    values: dict[Identifier, TensorValue] = Field(default_factory=dict)
+    constants: dict[Identifier, ConstantData] = Field(default_factory=dict)
     ops: list[TorchOp] = Field(default_factory=list)
     launches: list[Launch] = Field(default_factory=list)
-    kernels: dict[str, KernelIR] = Field(default_factory=dict)
+    kernels: dict[Identifier, KernelIR] = Field(default_factory=dict)
     facts: list[str] = Field(
         default_factory=list, description="what the IR is known to satisfy (passes' 'provides')"
     )
@@ -145,6 +151,19 @@ class GraphIR(_Model):
     @model_validator(mode="after")
     def _references_resolve(self) -> "GraphIR":
         names = set(self.symbols)
+        for name in names:
+            try:
+                ok = parse(name) == symbol(name)
+            except SymbolicError as exc:
+                raise ValueError(str(exc)) from None
+            if not ok:
+                raise ValueError(f"symbol name {name!r} is reserved in the IR expression grammar")
+        for key, value in self.values.items():
+            if value.name != key:
+                raise ValueError(f"value {key!r} is named {value.name!r}")
+        for key, kernel in self.kernels.items():
+            if kernel.id != key:
+                raise ValueError(f"kernel {key!r} has id {kernel.id!r}")
         for name in [*self.inputs, *self.outputs]:
             if name not in self.values:
                 raise ValueError(f"graph input/output {name!r} is not a known value")
@@ -188,15 +207,18 @@ class GraphIR(_Model):
             raise IRError(f"IR document is invalid:\n{exc}") from None
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(self.to_json())
-        tmp.replace(path)
-        return path
+        """Write the JSON document atomically (a link at ``path`` is replaced, not followed)."""
+        from ..fileio import atomic_write
+
+        return atomic_write(path, self.to_json())
 
     @classmethod
     def load(cls, path: str | Path) -> "GraphIR":
-        return cls.from_json(Path(path).read_text())
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise IRError(f"cannot read IR document {path}: {exc}") from None
+        return cls.from_json(text)
 
 
 def json_schema() -> dict:

@@ -8,11 +8,12 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, BeforeValidator, model_validator
 
+from .names import C_TYPES, Identifier
 from .types import DType
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, ser_json_inf_nan="constants")
 
 
 def _b64decode(value: object) -> bytes:
@@ -74,7 +75,7 @@ class Specialization(_Model):
 class KernelParam(_Model):
     """One parameter of the kernel's Python signature, in signature order."""
 
-    name: str
+    name: Identifier
     index: int = Field(description="position in the Python signature")
     kind: ParamKind
     dtype: DType | None = Field(
@@ -106,8 +107,8 @@ class CompileOptions(_Model):
 class AbiParam(_Model):
     """One parameter of the compiled entry point, in ABI order."""
 
-    name: str = Field(description="kernel parameter name, or 'global_scratch'/'profile_scratch'")
-    c_type: str = Field(description="'void*' for pointers, else the exact C scalar type")
+    name: Identifier = Field(description="kernel parameter name, or 'global_scratch'/'profile_scratch'")
+    c_type: Literal[C_TYPES] = Field(description="'void*' for pointers, else the exact C scalar type")
     hidden: bool = Field(default=False, description="Triton's hidden trailing scratch pointers")
 
 
@@ -119,13 +120,13 @@ class KernelBinary(_Model):
         description="True: compiled under the assumptions in KernelIR.params' specializations; "
         "False: the generic binary, valid for any input"
     )
-    assumptions: dict[str, Specialization] = Field(
+    assumptions: dict[Identifier, Specialization] = Field(
         default_factory=dict, description="per parameter name: what this binary assumes"
     )
-    int_types: dict[str, DType] = Field(
+    int_types: dict[Identifier, DType] = Field(
         default_factory=dict, description="scalar parameter name -> the integer type this binary takes"
     )
-    entry_name: str
+    entry_name: Identifier
     ptx: str
     ptx_version: str = Field(description="PTX ISA version of the .version directive, 'X.Y'")
     cubin: Base64Bytes = Field(description="cubin for `arch` (base64 in JSON)")
@@ -143,14 +144,14 @@ class KernelBinary(_Model):
 class KernelIR(_Model):
     """A Triton kernel specialization: signature, roles, options and its compiled binaries."""
 
-    id: str = Field(description="unique id of this kernel specialization within the graph")
-    name: str = Field(description="the @triton.jit function's name")
+    id: Identifier = Field(description="unique id of this kernel specialization within the graph")
+    name: Identifier = Field(description="the @triton.jit function's name")
     source: SourceInfo
     helpers: list[SourceInfo] = Field(
         default_factory=list, description="@triton.jit functions the kernel calls, transitively"
     )
     params: list[KernelParam]
-    specialization: dict[str, Specialization] = Field(
+    specialization: dict[Identifier, Specialization] = Field(
         default_factory=dict,
         description="what Triton's JIT assumed about each parameter for the captured launches",
     )

@@ -1,13 +1,18 @@
 """Symbolic integer expressions: sympy inside, strings in the IR.
 
 Every symbol is a non-negative integer standing for one dimension of one graph input; the
-graph's symbol table says which. Expressions are stored as sympy's own ``str`` form, so any
-tool can read them back with ``sympy.sympify`` (see :func:`parse`).
+graph's symbol table says which. Expressions are stored as sympy's own ``str`` form and read
+back by :func:`parse`, kernel_lens's own parser: Python's ``ast`` restricted to a small
+grammar (docs/ir_expressions.md), building sympy objects directly. IR documents are data
+from anywhere; nothing in them is ever evaluated as Python (no ``sympify``/``eval``).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Iterable, Mapping
+import ast
+import functools
+import operator
+from typing import Annotated, Callable, Iterable, Mapping
 
 import sympy
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -20,32 +25,183 @@ def symbol(name: str) -> sympy.Symbol:
     return sympy.Symbol(name, integer=True, nonnegative=True)
 
 
-_PARSE_GLOBALS: dict = {}
-exec("from sympy import *", _PARSE_GLOBALS)  # the namespace sympify uses, made once
+# --- the grammar -------------------------------------------------------------------------------
+MAX_LENGTH = 10_000      # characters in one expression
+MAX_DEPTH = 100          # nesting of the syntax tree
+MAX_BITS = 4096          # bits of any integer constant the parser builds (base**exp included)
+MAX_EXPONENT = 64        # |exp| in base**exp; exp must be an integer literal
+
+# Characters an expression may contain; published as the JSON schema's `pattern`.
+PATTERN = r"^[A-Za-z0-9_ +\-*/%()<>=!&|~,]*$"
+
+_FUNCTIONS: dict[str, tuple[Callable[..., sympy.Basic], int | None]] = {
+    # name -> (constructor, number of arguments; None: two or more)
+    "floor": (sympy.floor, 1), "ceiling": (sympy.ceiling, 1), "Mod": (sympy.Mod, 2),
+    "Min": (sympy.Min, None), "Max": (sympy.Max, None),
+    "Eq": (sympy.Eq, 2), "Ne": (sympy.Ne, 2), "Lt": (sympy.Lt, 2), "Le": (sympy.Le, 2),
+    "Gt": (sympy.Gt, 2), "Ge": (sympy.Ge, 2),
+    "And": (sympy.And, None), "Or": (sympy.Or, None), "Not": (sympy.Not, 1),
+}
+# Names sympy gives a meaning (oo, pi, E, I, nan, S, ...) are never dimension symbols: read back
+# as symbols they would silently change the expression.
+_NOT_SYMBOLS = frozenset(dir(sympy)) | frozenset(_FUNCTIONS) | {"lambda"}
+_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+           ast.Div: operator.truediv, ast.FloorDiv: lambda a, b: sympy.floor(a / b),
+           ast.Mod: sympy.Mod, ast.BitAnd: sympy.And, ast.BitOr: sympy.Or}
+_COMPARE = {ast.Lt: sympy.Lt, ast.LtE: sympy.Le, ast.Gt: sympy.Gt, ast.GtE: sympy.Ge,
+            ast.Eq: sympy.Eq, ast.NotEq: sympy.Ne}
 
 
-def parse(text: str, names: Iterable[str] | None = None) -> sympy.Expr:
-    """Parse an IR expression string. Free names become dimension symbols."""
+class _Builder:
+    """Turns a whitelisted Python expression tree into sympy objects; anything else is refused."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def fail(self, why: str) -> SymbolicError:
+        return SymbolicError(f"symbolic expression {_clip(self.text)!r} is not in the IR grammar: "
+                             f"{why} (see docs/ir_expressions.md)")
+
+    def build(self, node: ast.AST, depth: int = 0) -> sympy.Basic:
+        if depth > MAX_DEPTH:
+            raise self.fail(f"nested deeper than {MAX_DEPTH}")
+        d = depth + 1
+        if isinstance(node, ast.Constant):
+            if type(node.value) is bool:
+                return sympy.true if node.value else sympy.false
+            if type(node.value) is not int:
+                raise self.fail(f"constant {node.value!r} is not a non-negative integer literal")
+            if node.value.bit_length() > MAX_BITS:
+                raise self.fail(f"integer literal larger than {MAX_BITS} bits")
+            return sympy.Integer(node.value)
+        if isinstance(node, ast.Name):
+            if node.id.startswith("_") or node.id in _NOT_SYMBOLS:
+                raise self.fail(f"name {node.id!r} cannot be a dimension symbol")
+            return symbol(node.id)
+        if isinstance(node, ast.UnaryOp):
+            arg = self.build(node.operand, d)
+            if isinstance(node.op, ast.USub):
+                return self.check(-arg)
+            if isinstance(node.op, ast.UAdd):
+                return arg
+            if isinstance(node.op, ast.Invert):
+                return sympy.Not(arg)
+            raise self.fail(f"operator {type(node.op).__name__} is not allowed")
+        if isinstance(node, ast.BinOp):
+            if isinstance(node.op, ast.Pow):
+                return self.power(node, d)
+            op = _BINARY.get(type(node.op))
+            if op is None:
+                raise self.fail(f"operator {type(node.op).__name__} is not allowed")
+            lhs, rhs = self.build(node.left, d), self.build(node.right, d)
+            if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and rhs == 0:
+                raise self.fail("division by zero")
+            return self.check(op(lhs, rhs))
+        if isinstance(node, ast.Compare):
+            if len(node.ops) != 1:
+                raise self.fail("chained comparisons are not allowed")
+            op = _COMPARE.get(type(node.ops[0]))
+            if op is None:
+                raise self.fail(f"comparison {type(node.ops[0]).__name__} is not allowed")
+            return op(self.build(node.left, d), self.build(node.comparators[0], d))
+        if isinstance(node, ast.Call):
+            if not isinstance(node.func, ast.Name) or node.func.id not in _FUNCTIONS:
+                raise self.fail(f"only the functions {', '.join(_FUNCTIONS)} may be called")
+            if node.keywords:
+                raise self.fail("keyword arguments are not allowed")
+            fn, arity = _FUNCTIONS[node.func.id]
+            if (arity is None and len(node.args) < 2) or (arity is not None and len(node.args) != arity):
+                raise self.fail(f"{node.func.id} takes {arity or 'two or more'} arguments, "
+                                f"got {len(node.args)}")
+            if any(isinstance(a, ast.Starred) for a in node.args):
+                raise self.fail("starred arguments are not allowed")
+            args = [self.build(a, d) for a in node.args]
+            if node.func.id == "Mod" and args[1] == 0:
+                raise self.fail("division by zero")
+            return self.check(fn(*args))
+        raise self.fail(f"{type(node).__name__} is not allowed")
+
+    def power(self, node: ast.BinOp, depth: int) -> sympy.Basic:
+        exp_node = node.right
+        negative = isinstance(exp_node, ast.UnaryOp) and isinstance(exp_node.op, ast.USub)
+        literal = exp_node.operand if negative else exp_node
+        if not (isinstance(literal, ast.Constant) and type(literal.value) is int):
+            raise self.fail("an exponent must be an integer literal")
+        exp = -literal.value if negative else literal.value
+        if abs(exp) > MAX_EXPONENT:
+            raise self.fail(f"exponent {exp} is larger than {MAX_EXPONENT}")
+        base = self.build(node.left, depth)
+        if base.is_Number and abs(exp) * abs(int(sympy.Integer(sympy.floor(base)) or 1)).bit_length() \
+                > MAX_BITS:
+            raise self.fail(f"constant power larger than {MAX_BITS} bits")
+        if base == 0 and exp < 0:
+            raise self.fail("division by zero")
+        return self.check(sympy.Pow(base, exp))
+
+    def check(self, value: sympy.Basic) -> sympy.Basic:
+        """Refuse constants past MAX_BITS (products of long literals) and non-finite results."""
+        if value.is_Number:
+            if not value.is_finite:
+                raise self.fail("the expression is not finite")
+            p, q = (value.p, value.q) if value.is_Rational else (0, 1)
+            if not value.is_Rational or abs(p).bit_length() > MAX_BITS or q.bit_length() > MAX_BITS:
+                raise self.fail(f"constant larger than {MAX_BITS} bits or not rational")
+        return value
+
+
+def _clip(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+@functools.lru_cache(maxsize=65536)
+def _parse(text: str) -> sympy.Basic:
+    if not isinstance(text, str):
+        raise SymbolicError(f"a symbolic expression must be a string, got {type(text).__name__}")
+    if len(text) > MAX_LENGTH:
+        raise SymbolicError(f"symbolic expression of {len(text)} characters is longer than the "
+                            f"IR grammar allows ({MAX_LENGTH})")
+    if not text.strip():
+        raise SymbolicError("empty symbolic expression")
     try:
-        expr = sympy.sympify(text, locals={n: symbol(n) for n in (names or ())})
-    except (sympy.SympifyError, SyntaxError, TypeError) as exc:
-        raise SymbolicError(f"cannot parse symbolic expression {text!r}: {exc}") from None
-    # Re-bind any free symbol that sympify created without our assumptions.
-    fix = {s: symbol(s.name) for s in expr.free_symbols if s != symbol(s.name)}
-    return expr.xreplace(fix) if fix else expr
+        tree = ast.parse(text.strip(), mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        raise SymbolicError(f"cannot parse symbolic expression {_clip(text)!r}: "
+                            f"{type(exc).__name__}") from None
+    builder = _Builder(text)
+    try:
+        return builder.build(tree.body)
+    except RecursionError:
+        raise builder.fail("nested too deeply") from None
+    except (TypeError, ValueError, ZeroDivisionError, AttributeError) as exc:
+        raise builder.fail(f"{type(exc).__name__}: {exc}") from None
 
 
-def format_expr(expr: sympy.Expr | int) -> str:
-    return str(sympy.sympify(expr))
+def parse(text: str, names: Iterable[str] | None = None) -> sympy.Basic:
+    """Parse an IR expression string (cached). Free names become dimension symbols.
+
+    ``names`` is accepted for compatibility and is not needed: every free name becomes
+    :func:`symbol` of that name. Raises :class:`SymbolicError` for anything outside the grammar.
+    """
+    return _parse(text)
+
+
+def format_expr(expr: sympy.Basic | int) -> str:
+    """The IR string of an expression (sympy's ``str``), which :func:`parse` reads back exactly."""
+    if isinstance(expr, bool) or not isinstance(expr, (int, sympy.Basic)):
+        raise SymbolicError(f"not a symbolic integer expression: {expr!r}")
+    return str(sympy.Integer(expr) if isinstance(expr, int) else expr)
 
 
 def _check(text: str) -> str:
-    parse(text)
+    try:
+        parse(text)
+    except SymbolicError as exc:  # pydantic reports ValueErrors with the field's location
+        raise ValueError(str(exc)) from None
     return text
 
 
-SymExpr = Annotated[str, AfterValidator(_check)]
-"""An integer-valued sympy expression over dimension symbols, in sympy's string syntax."""
+SymExpr = Annotated[str, Field(pattern=PATTERN, max_length=MAX_LENGTH), AfterValidator(_check)]
+"""An integer-valued sympy expression over dimension symbols, in the IR grammar."""
 
 
 def to_plain_sympy(expr: object) -> sympy.Expr:

@@ -672,12 +672,20 @@ def lower_to_onnx(ir: GraphIR, *, opset: int = MIN_OPSET,
 
 def save_onnx(model: onnx.ModelProto, path: Union[str, Path]) -> Path:
     """Write ``model`` to ``path``; weights go to an external-data file beside it past 2 GB."""
+    import os
+    import tempfile
+
+    from ..fileio import atomic_write
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     big = sum(len(t.raw_data) for t in model.graph.initializer) > 1_800_000_000
-    if big:
-        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=path.name + ".data")
-    else:
-        onnx.save_model(model, str(path))
+    if not big:
+        return atomic_write(path, model.SerializeToString())
+    # Past protobuf's 2 GB limit: write both files in a private folder beside, then move them in.
+    with tempfile.TemporaryDirectory(prefix=".kl_onnx_", dir=path.parent) as work:
+        onnx.save_model(model, os.path.join(work, path.name), save_as_external_data=True,
+                        all_tensors_to_one_file=True, location=path.name + ".data")
+        os.replace(os.path.join(work, path.name + ".data"), path.parent / (path.name + ".data"))
+        os.replace(os.path.join(work, path.name), path)
     return path

@@ -9,6 +9,7 @@ after any of them.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,8 +75,10 @@ class PassManager:
 
     def add(self, p: Pass, *, after: str | Iterable[str] = ()) -> "PassManager":
         """Add a pass; ``after`` forces it to run after the named passes."""
-        if not p.name:
-            raise PassError(f"{type(p).__name__} has no name")
+        if not p.name or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", p.name):
+            raise PassError(f"{type(p).__name__} has name {p.name!r}; a pass name is 1-64 letters, "
+                            f"digits, '-', '_' or '.' (it names dump files), starting with a "
+                            f"letter or digit")
         if any(q.name == p.name for q in self._passes):
             raise PassError(f"pass {p.name!r} is already in the pipeline")
         self._passes.append(p)
@@ -170,9 +173,10 @@ class PassManager:
 
 def dump_to_dir(directory: str | Path) -> Callable[[str, GraphIR], None]:
     """A dump callback writing ``<dir>/<NN>-<pass>.json``."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    from ..fileio import ensure_folder, inside
+
+    directory = ensure_folder(directory)
 
     def dump(name: str, ir: GraphIR) -> None:
-        ir.save(directory / f"{len(ir.passes_run):02d}-{name}.json")
+        ir.save(inside(directory, f"{len(ir.passes_run):02d}-{name}.json"))
     return dump

@@ -74,6 +74,21 @@ def c_bytes(data: bytes) -> str:
     return ",\n  ".join(lines)
 
 
+def c_quote(text: str) -> str:
+    """``text`` as a C++ string literal: printable ASCII kept, everything else escaped in octal
+    (so no quote, backslash, newline or trigraph-like sequence can end the literal early)."""
+    out = []
+    for ch in str(text).encode("utf-8"):
+        c = chr(ch)
+        if c in '"\\?':
+            out.append("\\" + c)
+        elif 0x20 <= ch < 0x7F:
+            out.append(c)
+        else:
+            out.append(f"\\{ch:03o}")
+    return '"' + "".join(out) + '"'
+
+
 def c_string(text: str, delim: str = "KLPTX") -> str:
     if f"){delim}\"" in text:
         raise UnsupportedKernelError("PTX contains the raw-string delimiter")
@@ -240,4 +255,5 @@ def render_launches(ir: GraphIR) -> str:
     env = templates()
     env.filters["c_bytes"] = c_bytes
     env.filters["c_string"] = c_string
+    env.filters["c_quote"] = c_quote
     return env.get_template("launches.cpp.j2").render(ir=ir, launches=launches, kernels=kernels)

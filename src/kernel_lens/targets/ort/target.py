@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 
+from ...fileio import atomic_copy, ensure_folder, inside
 from ...ir import GraphIR
 from ...onnx import lower_to_onnx, save_onnx
 from ...toolchain.build import build_shared_library
@@ -37,16 +37,13 @@ class OrtTarget(Target):
     description = "ONNX Runtime (CUDA EP): ONNX graph + OrtCustomOp library"
 
     def build(self, ir: GraphIR, out_dir: Path) -> dict[str, Path]:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        ensure_folder(out_dir)
         include = find_ort_include()
         api = ort_api_version(include)
-        model_path = out_dir / f"{ir.name}.onnx"
+        model_path = inside(out_dir, f"{ir.name}.onnx")
         save_onnx(lower_to_onnx(ir), model_path)
         library = build_shared_library(f"kl_{ir.name}_ort", ort_sources(ir, api),
                                        include_dirs=[include], key_extra=f"ort-api-{api}")
-        lib_path = out_dir / f"libkl_{ir.name}_ort.so"
-        tmp = lib_path.with_suffix(".so.tmp")
-        shutil.copyfile(library, tmp)
-        tmp.replace(lib_path)
+        lib_path = atomic_copy(library, inside(out_dir, f"libkl_{ir.name}_ort.so"))
         log.info("ort: wrote %s and %s", model_path, lib_path)
         return {"onnx": model_path, "library": lib_path}
