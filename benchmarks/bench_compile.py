@@ -1,16 +1,21 @@
 """Compile times of the LLaMA-style example with the ORT target, cold and with nothing changed.
 
-    python benchmarks/bench_compile.py benchmarks/compile_times.json
+    python benchmarks/bench_compile.py benchmarks/compile_times.json [--before SRC_DIR]
 
 Cold: empty Triton cache and empty kernel_lens build cache (fresh temporary folders); warm:
 the same command again. Each is a full `kernel_lens compile ... --target ort` process.
+With ``--before SRC_DIR`` (the ``src/`` of an older checkout, e.g. from ``git worktree add``)
+the same runs are made with that source on ``PYTHONPATH``, interleaved with the current
+source's, so both are measured in one run on the same machine; the JSON keeps both.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,17 +32,43 @@ def run(env: dict, out: str) -> float:
     return time.perf_counter() - start
 
 
-def main(path: str) -> None:
+def git_rev(src: Path) -> str:
+    proc = subprocess.run(["git", "-C", str(src), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True)
+    return proc.stdout.strip() or "?"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("path", nargs="?", default="compile_times.json")
+    ap.add_argument("--before", type=Path, default=None, help="src/ folder of the older version")
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    sources = {"after": ROOT / "src"}
+    if args.before is not None:
+        sources = {"before": args.before.resolve(), **sources}
+    results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "TRITON_CACHE_DIR": f"{tmp}/triton", "KERNEL_LENS_CACHE": f"{tmp}/kl"}
-        cold = run(env, f"{tmp}/out")
-        warm = [run(env, f"{tmp}/out") for _ in range(3)]
-    result = {"cpu_count": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version(),
-              "cold_compile_s": round(cold, 2), "warm_recompile_s": [round(w, 2) for w in warm],
-              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    print(result)
-    Path(path).write_text(json.dumps(result, indent=1))
+        envs = {}
+        for label, src in sources.items():
+            envs[label] = {**os.environ, "PYTHONPATH": str(src),
+                           "TRITON_CACHE_DIR": f"{tmp}/{label}/triton", "KERNEL_LENS_CACHE": f"{tmp}/{label}/kl"}
+            results[label] = {"src": str(src), "commit": git_rev(src),
+                              "cold_compile_s": round(run(envs[label], f"{tmp}/{label}/out"), 2),
+                              "warm_recompile_s": []}
+        for _ in range(args.repeat):  # interleaved: both see the same machine load
+            for label in sources:
+                results[label]["warm_recompile_s"].append(round(run(envs[label], f"{tmp}/{label}/out"), 2))
+    for r in results.values():
+        r["warm_recompile_median_s"] = round(statistics.median(r["warm_recompile_s"]), 2)
+    doc = {"cpu_count": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version(),
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **results}
+    if "before" in results:
+        doc["warm_speedup"] = round(results["before"]["warm_recompile_median_s"]
+                                    / results["after"]["warm_recompile_median_s"], 2)
+    print(json.dumps(doc, indent=1))
+    Path(args.path).write_text(json.dumps(doc, indent=1) + "\n")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "compile_times.json")
+    main()

@@ -1,8 +1,16 @@
+import atexit
 import importlib.util
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# Hermetic: every test session builds into its own cache, never the user's ~/.cache.
+os.environ["KERNEL_LENS_CACHE"] = tempfile.mkdtemp(prefix="kl_test_cache_")
+atexit.register(shutil.rmtree, os.environ["KERNEL_LENS_CACHE"], True)
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "corpus"

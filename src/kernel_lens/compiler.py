@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .errors import ArtifactError, IRError, KernelLensError
+from .errors import ArtifactError, IRError, KernelLensError, OutputPathError
 from .fileio import atomic_write, ensure_folder, inside
 from .frontends.aot import compile_binary
 from .frontends.lift import lift_with_outputs
@@ -50,8 +50,13 @@ class CompiledModel:
         for name in targets:
             log.info("building target %s", name)
             for kind, path in get_target(name).build(self.ir, directory).items():
-                self.artifacts[f"{name}.{kind}"] = inside(directory, Path(path).relative_to(directory)
-                                                          if Path(path).is_absolute() else path)
+                path = Path(path)
+                if path.is_absolute() and not path.is_relative_to(directory.absolute()):
+                    raise OutputPathError(f"target {name!r} returned artifact {kind!r} at {path}, "
+                                          f"outside the output folder {directory}")
+                rel = path.relative_to(directory.absolute()) if path.is_absolute() else \
+                    (path.relative_to(directory) if path.is_relative_to(directory) else path)
+                self.artifacts[f"{name}.{kind}"] = inside(directory, rel)
         manifest = {k: str(v.relative_to(directory)) for k, v in self.artifacts.items()
                     if v.is_relative_to(directory)}
         atomic_write(inside(directory, MANIFEST),
