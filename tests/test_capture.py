@@ -90,3 +90,122 @@ def test_dtypes_are_recorded():
         _, c = _compile(name)
         seen = {p.dtype.value for k in c.ir.kernels.values() for p in k.params if p.dtype}
         assert dtype in seen, (name, seen)
+
+
+# --- scalar kinds ------------------------------------------------------------------------------
+import math  # noqa: E402
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from kernel_lens.frontends.capture import capture  # noqa: E402
+from kernel_lens.frontends.lift import _kernel_params  # noqa: E402
+from kernel_lens.ir import DType, ParamKind  # noqa: E402
+
+
+def test_every_scalar_kind_is_typed_like_tritons_jit_and_keeps_its_value():
+    m, c = _compile("scalar_kinds")
+    (kernel,) = c.ir.kernels.values()
+    dtypes = {p.name: p.dtype for p in kernel.params if p.kind == ParamKind.scalar}
+    assert dtypes == {
+        "n": DType.i32, "flag": DType.i1, "off": DType.i1, "big": DType.i64, "neg_big": DType.i64,
+        "int_min": DType.i64, "huge": DType.u64, "small_u": DType.u32, "scale": DType.fp32,
+        "shift": DType.fp64, "pos_inf": DType.fp32, "neg_inf": DType.fp32, "nan": DType.fp32,
+    }
+    (launch,) = c.ir.launches
+    args = {a.name: a for a in launch.args}
+    assert args["n"].expr == "n"
+    ints = {"big": m.BIG, "neg_big": m.NEG_BIG, "int_min": -2**63, "small_u": m.SMALL_U, "huge": m.HUGE}
+    for name, value in ints.items():  # int64-range ints are exact int expressions; u64 a constant
+        got = args[name].constant if args[name].expr is None else int(args[name].expr)
+        assert got == value and type(got) is int, name
+    assert args["flag"].constant is True and args["off"].constant is False
+    assert args["scale"].constant == m.SCALE and args["shift"].constant == m.SHIFT
+    assert args["pos_inf"].constant == math.inf and args["neg_inf"].constant == -math.inf
+    assert math.isnan(args["nan"].constant)
+    abi = {a.name: a.c_type for a in kernel.binaries[0].abi}
+    assert (abi["scale"], abi["shift"], abi["huge"], abi["small_u"], abi["flag"]) == \
+        ("float", "double", "uint64_t", "uint32_t", "bool")
+    # the interpreter saw fp32-rounded scale, fp64 shift, exact ints, inf and nan (tolerance 0)
+    torch.testing.assert_close(c.example_outputs, m.reference(*m.example_inputs), rtol=0, atol=0)
+
+
+def test_scalar_kinds_emit_exact_cxx_literals_and_abi_types():
+    from kernel_lens.targets.common.emit import c_scalar, render_launches
+
+    assert c_scalar(2**63 + 5) == "UINT64_C(9223372036854775813)"
+    assert c_scalar(2**64 - 1) == "UINT64_C(18446744073709551615)"
+    assert "9223372036854775808" not in c_scalar(-2**63)
+    assert c_scalar(-3_000_000_123) == "(-INT64_C(3000000123))" and c_scalar(-7) == "-7"
+    assert (c_scalar(math.inf), c_scalar(-math.inf), c_scalar(math.nan)) == ("INFINITY", "-INFINITY", "NAN")
+    with pytest.raises(kl.errors.UnsupportedKernelError, match="2\\*\\*64"):
+        c_scalar(2**64)
+    _, c = _compile("scalar_kinds")
+    text = render_launches(c.ir)
+    for line in ("const uint64_t v_huge = UINT64_C(9223372036854775813);",
+                 "const int64_t v_int_min = (-INT64_C(9223372036854775807) - INT64_C(1));",
+                 "const double v_nan = NAN;", "const double v_neg_inf = -INFINITY;",
+                 "const bool v_flag = true;",
+                 "float a0_scale = static_cast<float>(v_scale);",
+                 "float a0_nan = static_cast<float>(v_nan);",
+                 "double a0_shift = static_cast<double>(v_shift);",
+                 "uint64_t a0_huge = static_cast<uint64_t>(v_huge);",
+                 "uint32_t a0_small_u = static_cast<uint32_t>(v_small_u);"):
+        assert line in text, line
+
+
+@triton.jit
+def _typed_kernel(x_ptr, out_ptr, eps, wide: tl.float64, count: tl.uint32, on: tl.int1, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    y = x + eps.to(tl.float32) + wide.to(tl.float32) + count.to(tl.float32)  # Liger RMSNorm: eps.to()
+    tl.store(out_ptr + offs, tl.where(on, y, x))
+
+
+def _run_typed(x, *scalars):
+    out = torch.empty_like(x)
+    _typed_kernel[(1,)](x, out, *scalars, BLOCK=x.numel())
+    return out
+
+
+def test_float_and_annotated_scalars_are_typed_scalars_in_the_interpreter():
+    x = torch.arange(8, dtype=torch.float32)
+    cap = capture(lambda t: _run_typed(t, 0.1, 0.25, 3_000_000_000, True), (x,), 90)
+    (launch,) = cap.launches
+    params, _ = _kernel_params(launch)
+    assert {p.name: p.dtype for p in params if p.kind == ParamKind.scalar} == \
+        {"eps": DType.fp32, "wide": DType.fp64, "count": DType.u32, "on": DType.i1}
+    expected = x + torch.tensor(0.1, dtype=torch.float32) + 0.25 + 3e9
+    torch.testing.assert_close(cap.outputs, expected, rtol=0, atol=0)
+    assert launch.params["eps"] == 0.1 and type(launch.params["count"]) is int  # raw values kept
+
+
+def test_out_of_range_scalars_raise_capture_error_naming_kernel_and_argument():
+    x = torch.zeros(8)
+    with pytest.raises(CaptureError, match=r"_typed_kernel.*'count' = -1.*u32"):
+        capture(lambda t: _run_typed(t, 0.1, 0.25, -1, True), (x,), 90)
+    with pytest.raises(CaptureError, match=r"_typed_kernel.*'count' = 18446744073709551616"):
+        capture(lambda t: _run_typed(t, 0.1, 0.25, 2**64, True), (x,), 90)
+
+
+@triton.jit
+def _broken_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.no_such_op(offs), mask=offs < n)
+
+
+def test_interpreter_failure_is_a_capture_error_and_patches_are_restored():
+    from triton.runtime import interpreter
+
+    run, call, patch = tc.JITFunction.run, tc.JITFunction.__call__, interpreter._patch_lang_tensor
+
+    def forward(x):
+        _broken_kernel[(1,)](x, x.numel(), BLOCK=8)
+        return x
+
+    with pytest.raises(CaptureError, match=r"kernel _broken_kernel: .*AttributeError.*no_such_op") as info:
+        capture(forward, (torch.zeros(8),), 90)
+    assert not isinstance(info.value, interpreter.InterpreterError)
+    assert tc.JITFunction.run is run and tc.JITFunction.__call__ is call
+    assert interpreter._patch_lang_tensor is patch

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ..errors import CaptureError, UnsupportedKernelError
+from ..errors import CaptureError, KernelLensError, UnsupportedKernelError
 from . import triton_compat as tc
 
 log = logging.getLogger(__name__)
@@ -145,17 +145,77 @@ def _patch_lang_tensor_numpy2(tensor: Any, scope: Any) -> None:
     scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0].item()))
 
 
-def interpret_launch(jit_fn: Any, args: tuple, kwargs: dict, grid: tuple) -> None:
-    """Execute one launch on CPU tensors with Triton's interpreter."""
+def _scalar_types(jit_fn: Any, specialization: Any, args: tuple, kwargs: dict) -> dict[str, str]:
+    """Triton's signature type ('i32', 'u64', 'fp32', 'u1', ...) of each scalar parameter, as
+    Triton's own binder decides it for this launch (annotations included)."""
+    if specialization is None:
+        _, specialization, _ = tc.binder_for(jit_fn, 90)(*args, **kwargs)
+    return {p.name: ty for p, (ty, _) in zip(jit_fn.params, specialization)
+            if not p.is_constexpr and tc.is_scalar_type(ty)}
+
+
+def _typed_scalar(kernel: str, name: str, ty: str, value: Any) -> Any:
+    """``value`` as the interpreter's typed scalar of Triton type ``ty`` (what the kernel sees on
+    a GPU: a Python float typed fp32 arrives rounded to fp32, as a tensor with ``.to()``)."""
+    if isinstance(value, float) and ty.startswith(("i", "u")) and ty != "u1":
+        raise CaptureError(f"kernel {kernel}: argument {name!r} is typed {ty} but got the float "
+                           f"{value!r}; pass an int")
+    try:
+        return tc.interpreter_scalar(ty, value)
+    except (ValueError, OverflowError) as exc:
+        raise CaptureError(f"kernel {kernel}: argument {name!r} = {value!r}: {exc}") from None
+
+
+def _interpreter_failure(kernel: str, exc: BaseException) -> CaptureError:
+    from triton.runtime.interpreter import InterpreterError
+
+    cause = exc.__cause__ if isinstance(exc, InterpreterError) and exc.__cause__ is not None else exc
+    text = str(cause).strip() or repr(cause)
+    return CaptureError(f"kernel {kernel}: Triton's interpreter failed to run this launch: "
+                        f"{type(cause).__name__}: {text}")
+
+
+def interpret_launch(jit_fn: Any, args: tuple, kwargs: dict, grid: tuple,
+                     specialization: Any = None) -> None:
+    """Execute one launch on CPU tensors with Triton's interpreter.
+
+    Scalars are handed over as the interpreter's typed scalars of the types Triton's binder
+    gives them (``specialization``, computed here if not given), as Triton's JIT types them:
+    bools as i1, ints as i32/i64/u64, Python floats as fp32, annotated parameters as annotated.
+    A failure inside the interpreter raises :class:`CaptureError` naming the kernel.
+    """
     from triton.runtime import interpreter
 
     global _ORIG_PATCH_LANG_TENSOR
     if _ORIG_PATCH_LANG_TENSOR is None:
         _ORIG_PATCH_LANG_TENSOR = interpreter._patch_lang_tensor
-    params = {k: v for k, v in kwargs.items() if k in {p.name for p in jit_fn.params}}
+    kernel = kernel_name(jit_fn)
+    try:
+        types = _scalar_types(jit_fn, specialization, args, kwargs)
+    except Exception as exc:
+        raise _binder_failure(jit_fn, tc.bind_params(jit_fn, args, kwargs), exc) from exc
+    params = tc.bind_params(jit_fn, args, kwargs)
+    for name, ty in types.items():
+        params[name] = _typed_scalar(kernel, name, ty, params[name])
     with _patched(tc.JITFunction, "__call__", _call_helper_interpreted), \
             _patched(interpreter, "_patch_lang_tensor", _patch_lang_tensor_numpy2):
-        _interpreted_fn(jit_fn).run(*args, grid=grid, warmup=False, **params)
+        try:
+            _interpreted_fn(jit_fn).run(grid=grid, warmup=False, **params)
+        except KernelLensError:
+            raise
+        except Exception as exc:
+            raise _interpreter_failure(kernel, exc) from exc
+
+
+def _binder_failure(jit_fn: Any, params: dict[str, Any], exc: BaseException) -> CaptureError:
+    """Triton's binder rejected an argument (e.g. an int outside [-2**63, 2**64)): name it."""
+    kernel = kernel_name(jit_fn)
+    culprit = next((n for n, v in params.items() if isinstance(v, int) and not isinstance(v, bool)
+                    and not -2**63 <= v < 2**64), None)
+    where = f" argument {culprit!r} = {params[culprit]}:" if culprit else ""
+    hint = " (Triton takes integer scalars in [-2**63, 2**64))" if culprit else ""
+    return CaptureError(f"kernel {kernel}:{where} Triton cannot type the launch's arguments: "
+                        f"{type(exc).__name__}: {exc}{hint}")
 
 
 class _Recorder:
@@ -176,13 +236,16 @@ class _Recorder:
         kernel = kernel_name(jit_fn)
         params = tc.bind_params(jit_fn, args, kwargs)
         check_arguments(jit_fn, params)
-        _, specialization, options = tc.binder_for(jit_fn, self.arch)(*args, **kwargs)
+        try:
+            _, specialization, options = tc.binder_for(jit_fn, self.arch)(*args, **kwargs)
+        except Exception as exc:
+            raise _binder_failure(jit_fn, params, exc) from exc
         grid_value = grid(params) if callable(grid) else grid
         concrete = _normalize_grid(grid_value, kernel, _concrete(kernel))
         if self.native:
             orig(jit_fn, *args, grid=grid, warmup=False, **kwargs)
         else:
-            interpret_launch(jit_fn, args, kwargs, concrete)
+            interpret_launch(jit_fn, args, kwargs, concrete, specialization)
         self.launches.append(CapturedLaunch(jit_fn, params, list(specialization), dict(options), concrete))
         return None
 

@@ -421,7 +421,8 @@ class _GraphBuilder:
                     storage_offset=self.syms.expr(value.storage_offset(), what)))
             elif p.kind == ParamKind.constexpr:
                 args.append(LaunchArg(name=p.name, role="constexpr", constant=p.constexpr_value))
-            elif isinstance(value, (torch.SymInt, int)) and not isinstance(value, bool):
+            elif isinstance(value, torch.SymInt) or (isinstance(value, int) and not isinstance(value, bool)
+                                                     and -2**63 <= value < 2**63):
                 args.append(LaunchArg(name=p.name, role="scalar", expr=self.syms.expr(value, what)))
             else:
                 args.append(LaunchArg(name=p.name, role="scalar", constant=value))

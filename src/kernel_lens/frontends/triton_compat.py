@@ -15,7 +15,7 @@ from triton.runtime.autotuner import Autotuner, Heuristics
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
 __all__ = ["Autotuner", "Heuristics", "JITFunction", "backend_for", "binder_for", "bind_params",
-           "target_for"]
+           "interpreter_scalar", "is_scalar_type", "target_for"]
 
 
 def target_for(arch: int) -> GPUTarget:
@@ -50,3 +50,48 @@ def bind_params(jit_fn: JITFunction, args: tuple, kwargs: dict) -> dict[str, Any
 def is_constexpr_param(jit_fn: JITFunction, name: str) -> bool:
     return any(p.name == name and p.is_constexpr for p in jit_fn.params)
 
+
+
+def is_scalar_type(ty: object) -> bool:
+    """Whether a binder signature type names a scalar ('i32', 'u64', 'fp32', 'u1', ...), not a
+    pointer ('*fp32'), a folded 'constexpr' or a tuple/descriptor type."""
+    return isinstance(ty, str) and ty != "constexpr" and not ty.startswith(("*", "tensordesc"))
+
+
+def interpreter_scalar(ty: str, value: Any) -> Any:
+    """A scalar launch argument as Triton's interpreter should hold it: a ``tl.tensor`` of the
+    binder's signature type ``ty`` over a one-element numpy array of that type.
+
+    Triton 3.6's interpreter leaves Python floats as floats (so ``eps.to(tl.float32)`` fails),
+    stores bools in int32 data typed int1 (a ValueError) and ints in [2**31, 2**32) in uint32
+    data typed i64, and ignores annotations (``x: tl.float64``, ``n: tl.uint32``). Values that
+    are not bool/int/float (None) are returned unchanged. Raises ValueError when ``value`` does
+    not fit ``ty``.
+    """
+    import numpy as np
+    import torch
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    if not isinstance(value, (bool, int, float)):
+        return value
+    tt = tl.str_to_ty(ty, None)
+    np_dtype = interpreter._get_np_dtype(tt)
+    if tt.is_int1():
+        data = np.array([bool(value)], dtype=np_dtype)
+    elif tt.is_int():
+        info = np.iinfo(np_dtype)
+        if not info.min <= int(value) <= info.max:
+            raise ValueError(f"does not fit its Triton type {ty} [{info.min}, {info.max}]")
+        data = np.array([int(value)], dtype=np_dtype)
+    elif tt.is_floating() and np.issubdtype(np_dtype, np.floating):
+        with np.errstate(over="ignore"):  # a GPU launch rounds to +-inf as well
+            data = np.array([float(value)], dtype=np_dtype)
+    elif tt.is_floating():  # bf16 / fp8: the interpreter stores their bits
+        from ..ir.types import dtype_from_triton, torch_name
+
+        t = torch.tensor([float(value)], dtype=getattr(torch, torch_name(dtype_from_triton(ty))))
+        data = t.view(getattr(torch, f"uint{t.element_size() * 8}")).numpy().astype(np_dtype)
+    else:
+        return value
+    return tl.tensor(interpreter.TensorHandle(data, tt), tt)

@@ -6,10 +6,11 @@ This document is the only contract between front-ends, passes and targets.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
-from typing import Literal, Union
+from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..errors import IRError, SymbolicError
 from .kernel import Base64Bytes, KernelIR
@@ -23,6 +24,15 @@ SCHEMA_VERSION = "1.1"
 class _Model(BaseModel):
     # Float constants (scalar kernel arguments) may be inf or nan: JSON gets Infinity/NaN.
     model_config = ConfigDict(extra="forbid", validate_assignment=True, ser_json_inf_nan="constants")
+
+
+def _one_nan(value: object) -> object:
+    """Every float nan becomes the one ``math.nan`` object: pydantic's ``==`` compares field
+    dicts (identity first), so an IR holding a nan stays equal to itself across a JSON round trip."""
+    return math.nan if isinstance(value, float) and value != value else value
+
+
+ScalarConstant = Annotated[Union[bool, int, float, str, None], AfterValidator(_one_nan)]
 
 
 class TensorValue(_Model):
@@ -89,7 +99,7 @@ class LaunchArg(_Model):
     expr: SymExpr | None = Field(
         default=None, description="integer scalars: the value as an expression of graph dims"
     )
-    constant: Union[bool, int, float, str, None] = Field(
+    constant: ScalarConstant = Field(
         default=None, description="float/bool scalars and constexprs: the value"
     )
     shape: list[SymExpr] | None = Field(default=None, description="tensors: shape at the launch")

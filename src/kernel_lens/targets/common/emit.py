@@ -96,12 +96,35 @@ def c_string(text: str, delim: str = "KLPTX") -> str:
 
 
 def c_scalar(value: object) -> str:
+    """A bool, int or float as a C++ literal of its exact value: ints in int32 range plain, else
+    ``INT64_C(...)`` (int64 min as ``(-INT64_C(9223372036854775807) - 1)``, which no literal
+    spells) or ``UINT64_C(...)`` for values in [2**63, 2**64); floats round-trip exactly
+    (``repr``), nan and infinities as ``NAN``/``INFINITY`` (a double expression)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
         return repr(value) if value == value and abs(value) != float("inf") else \
             ("NAN" if value != value else ("INFINITY" if value > 0 else "-INFINITY"))
+    if isinstance(value, int):
+        if -2**31 <= value < 2**31:
+            return str(value)
+        if value == -2**63:
+            return "(-INT64_C(9223372036854775807) - 1)"
+        if -2**63 < value < 0:
+            return f"(-INT64_C({-value}))"
+        if value < 2**63:
+            return f"INT64_C({value})"
+        if value < 2**64:
+            return f"UINT64_C({value})"
+        raise UnsupportedKernelError(f"integer {value} is outside [-2**63, 2**64): no C++ integer "
+                                     f"type holds it")
     return str(value)
+
+
+def c_int_type(value: int) -> str:
+    """The C++ type of the local holding integer scalar ``value``: int64_t, or uint64_t past
+    INT64_MAX (Triton types ints in [2**63, 2**64) as u64)."""
+    return "uint64_t" if value >= 2**63 else "int64_t"
 
 
 @dataclass
@@ -227,12 +250,13 @@ def launch_views(ir: GraphIR) -> tuple[list[LaunchView], dict[str, KernelView]]:
             elif param.kind == ParamKind.scalar:
                 if arg.expr is not None:
                     scalars.append((arg.name, "int64_t", cxx.int(arg.expr)))
-                elif param.dtype.is_float:
+                elif param.dtype.is_float:  # passed to the kernel as its ABI type (float/double)
                     scalars.append((arg.name, "double", c_scalar(float(arg.constant))))
                 elif param.dtype == DType.i1:
                     scalars.append((arg.name, "bool", c_scalar(bool(arg.constant))))
                 else:
-                    scalars.append((arg.name, "int64_t", c_scalar(int(arg.constant))))
+                    value = int(arg.constant)
+                    scalars.append((arg.name, c_int_type(value), c_scalar(value)))
         guards = [(g, cxx.bool(text)) for g, text in launch.guards.items()]
         dispatch = []
         for d in launch.dispatch:
