@@ -7,6 +7,8 @@ scripts/fetch_headers.py exactly as a user would. No GPU or CUDA driver is neede
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import logging
 import multiprocessing
 import os
 import re
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel_lens.errors import BuildError, ToolchainError
+from kernel_lens.errors import BuildError, CacheError, ToolchainError
 from kernel_lens.toolchain import build, compilers, headers
 from kernel_lens.toolchain.build import build_shared_library
 
@@ -350,5 +352,232 @@ def test_two_processes_building_the_same_key(tmp_path, monkeypatch):
     assert results[0] == results[1] and not results[0].startswith("error"), results
     assert calls.read_text().splitlines() == ["build"]  # the second waited and reused the library
     assert ctypes.CDLL(results[0]).kl_answer() == 42
-    assert [p.name for p in Path(results[0]).parent.iterdir()] in (["shared.so", ".lock"],
-                                                                    [".lock", "shared.so"])
+    lib = Path(results[0])
+    assert sorted(p.name for p in lib.parent.iterdir()) == [".lock", "shared.so", "shared.so.sha256"]
+    assert (lib.parent / "shared.so.sha256").read_text() == \
+        f"{hashlib.sha256(lib.read_bytes()).hexdigest()}  shared.so\n"
+
+
+# --- cache hardening: only what this user wrote is reused ---
+
+OTHER_UID = 54321
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+
+
+@pytest.fixture
+def compiles(monkeypatch):
+    """Records each real compilation (the toolchain id is cached, so only builds run g++)."""
+    calls = []
+    real_run = subprocess.run
+
+    def counting_run(cmd, *args, **kwargs):
+        if "-shared" in cmd:
+            calls.append(cmd)
+        return real_run(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", counting_run)
+    return calls
+
+
+def _simple(cache, **kwargs):
+    return build_shared_library("simple", {"a.cpp": SIMPLE_SOURCE}, include_dirs=[], cache_dir=cache,
+                                **kwargs)
+
+
+def _record_ok(lib):
+    record = lib.with_name(lib.name + ".sha256")
+    st = os.lstat(record)
+    return (stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
+            and record.read_text().split()[0] == hashlib.sha256(lib.read_bytes()).hexdigest())
+
+
+def test_symlink_at_library_path_is_not_followed_nor_reused(tmp_path, compiles, caplog):
+    cache = tmp_path / "cache"
+    lib = _simple(cache)
+    # The link points at a byte-identical copy, so only refusing the link itself catches it.
+    victim = tmp_path / "victim.so"
+    victim_bytes = lib.read_bytes()
+    victim.write_bytes(victim_bytes)
+    victim_stat = victim.stat()
+    lib.unlink()
+    lib.symlink_to(victim)
+    with caplog.at_level(logging.WARNING, logger="kernel_lens.toolchain.build"):
+        again = _simple(cache)
+    assert again == lib and not lib.is_symlink() and stat.S_ISREG(os.lstat(lib).st_mode)
+    assert len(compiles) == 2  # rebuilt
+    assert victim.read_bytes() == victim_bytes and victim.stat().st_ino == victim_stat.st_ino
+    assert victim.stat().st_mtime_ns == victim_stat.st_mtime_ns
+    assert _record_ok(lib)
+    assert f"{lib}: it is a symbolic link" in caplog.text
+
+
+@pytest.mark.parametrize("tamper, why", [
+    ("alter_bytes", "does not match the hash recorded"),
+    ("chown_lib", f"owned by uid {OTHER_UID}, not by the current user"),
+    ("chown_record", f"owned by uid {OTHER_UID}, not by the current user"),
+    ("group_writable_lib", "writable by group or others"),
+    ("world_writable_record", "writable by group or others"),
+    ("no_record", "no content hash was recorded"),
+    ("record_is_a_link", "it is a symbolic link"),
+])
+def test_untrusted_cache_entry_is_rebuilt(tamper, why, tmp_path, compiles, caplog):
+    if tamper.startswith("chown") and os.geteuid() != 0:
+        pytest.skip("chown to another user needs root")
+    cache = tmp_path / "cache"
+    lib = _simple(cache)
+    record = lib.with_name("simple.so.sha256")
+    good = lib.read_bytes()
+    if tamper == "alter_bytes":  # same size, same inode: only the content hash tells
+        with open(lib, "r+b") as fh:
+            fh.seek(len(good) - 1)
+            fh.write(bytes([good[-1] ^ 0xFF]))
+    elif tamper == "chown_lib":
+        os.chown(lib, OTHER_UID, -1)
+    elif tamper == "chown_record":
+        os.chown(record, OTHER_UID, -1)
+    elif tamper == "group_writable_lib":
+        lib.chmod(0o775)
+    elif tamper == "world_writable_record":
+        record.chmod(0o666)
+    elif tamper == "no_record":
+        record.unlink()
+    elif tamper == "record_is_a_link":
+        fake = tmp_path / "fake.sha256"
+        fake.write_text(record.read_text())  # a correct hash, but not a file this cache wrote
+        record.unlink()
+        record.symlink_to(fake)
+    with caplog.at_level(logging.WARNING, logger="kernel_lens.toolchain.build"):
+        again = _simple(cache)
+    assert again == lib and len(compiles) == 2, caplog.text  # not reused: rebuilt
+    assert why in caplog.text and "rebuilding" in caplog.text
+    st = os.lstat(lib)
+    assert stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+    assert _record_ok(lib) and not record.is_symlink()
+    assert ctypes.CDLL(str(lib)).kl_answer() == 42
+    caplog.clear()
+    _simple(cache)  # and the rebuilt entry is trusted again
+    assert len(compiles) == 2 and "rebuilding" not in caplog.text
+
+
+@pytest.mark.parametrize("target_exists", [True, False])
+def test_symlink_at_lock_path_is_a_cache_error(target_exists, tmp_path, compiles):
+    cache = tmp_path / "cache"
+    lib = _simple(cache)
+    lib.unlink()  # so the next call must take the lock to rebuild
+    victim = tmp_path / "victim"
+    if target_exists:
+        victim.write_text("precious\n")
+        victim.chmod(0o644)
+    lock = lib.parent / ".lock"
+    lock.unlink()
+    lock.symlink_to(victim)
+    with pytest.raises(CacheError, match=r"lock file .*\.lock: it is a symbolic link"):
+        _simple(cache)
+    assert lock.is_symlink() and not lib.exists() and len(compiles) == 1
+    if target_exists:
+        assert victim.read_text() == "precious\n" and stat.S_IMODE(victim.stat().st_mode) == 0o644
+    else:
+        assert not victim.exists()  # O_CREAT did not go through the link
+
+
+@pytest.mark.parametrize("where", ["root_link", "root_world_writable", "root_other_user",
+                                   "key_link", "key_other_user", "key_world_writable",
+                                   "key_group_writable"])
+def test_untrusted_cache_folders_are_refused(where, tmp_path, monkeypatch):
+    if "other_user" in where and os.geteuid() != 0:
+        pytest.skip("chown to another user needs root")
+    real = tmp_path / "real"
+    lib = _simple(real)
+    key_dir = lib.parent
+    cache = real
+    if where == "root_link":
+        cache = tmp_path / "link"
+        cache.symlink_to(real)
+    elif where == "root_world_writable":
+        real.chmod(0o777)
+    elif where == "root_other_user":
+        os.chown(real, OTHER_UID, -1)
+    elif where == "key_link":
+        elsewhere = tmp_path / "elsewhere"
+        key_dir.rename(elsewhere)
+        key_dir.symlink_to(elsewhere)
+    elif where == "key_other_user":
+        os.chown(key_dir, OTHER_UID, -1)
+    elif where == "key_world_writable":
+        key_dir.chmod(0o777)
+    elif where == "key_group_writable":
+        key_dir.chmod(0o775)
+    monkeypatch.setenv("KERNEL_LENS_CACHE", str(cache))
+    with pytest.raises(CacheError, match=r"refusing the build cache .*KERNEL_LENS_CACHE") as exc:
+        build_shared_library("simple", {"a.cpp": SIMPLE_SOURCE}, include_dirs=[])
+    shown = cache if where.startswith("root") else cache / key_dir.name
+    assert str(shown) in str(exc.value)
+
+
+def test_sticky_world_writable_root_is_accepted(tmp_path):
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache").chmod(0o1777)
+    assert _simple(tmp_path / "cache").is_file()
+
+
+def test_header_contents_change_the_key_even_at_the_same_size_and_mtime(tmp_path):
+    inc = tmp_path / "inc"
+    (inc / "sub").mkdir(parents=True)
+    header = inc / "sub" / "v.h"
+    header.write_text("#define KL_V 1\n")
+    src = {"v.cpp": '#include <sub/v.h>\n'
+                    'extern "C" __attribute__((visibility("default"))) int kl_v() { return KL_V; }\n'}
+    first_print = headers.header_fingerprint(inc)
+    first = build_shared_library("hv", src, include_dirs=[inc], cache_dir=tmp_path / "cache")
+    assert ctypes.CDLL(str(first)).kl_v() == 1
+    before = header.stat()
+    header.write_text("#define KL_V 2\n")  # same size
+    os.utime(header, ns=(before.st_atime_ns, before.st_mtime_ns))  # and the same mtime
+    assert header.stat().st_size == before.st_size and header.stat().st_mtime_ns == before.st_mtime_ns
+    assert headers.header_fingerprint(inc) != first_print
+    second = build_shared_library("hv", src, include_dirs=[inc], cache_dir=tmp_path / "cache")
+    assert second.parent != first.parent
+    assert ctypes.CDLL(str(second)).kl_v() == 2
+
+
+def test_header_fingerprint_hashes_contents_and_relative_names(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for root, text in ((a, "int x;\n"), (b, "int x;\n")):
+        (root / "deep" / "er").mkdir(parents=True)
+        (root / "deep" / "er" / "h.hpp").write_text(text)
+        (root / "vector").write_text("// extensionless header\n")
+    assert headers.header_fingerprint(a) == headers.header_fingerprint(b)  # not the folder's path
+    (b / "deep" / "er" / "h.hpp").write_text("int y;\n")
+    assert headers.header_fingerprint(a) != headers.header_fingerprint(b)
+    (b / "deep" / "er" / "h.hpp").write_text("int x;\n")
+    assert headers.header_fingerprint(a) == headers.header_fingerprint(b)
+    (b / "vector").rename(b / "deep" / "vector")  # same bytes, other name
+    assert headers.header_fingerprint(a) != headers.header_fingerprint(b)
+
+
+@pytest.mark.parametrize("var, value", [("CPATH", "{tmp}/extra_include"), ("CXXFLAGS", "-DKL_EXTRA=1"),
+                                        ("SOURCE_DATE_EPOCH", "1700000000")])
+def test_compiler_environment_is_part_of_the_key(var, value, tmp_path, monkeypatch):
+    (tmp_path / "extra_include").mkdir()
+    for name in build.KEY_ENV_VARS:
+        if name not in ("CXX", "KERNEL_LENS_CXX"):
+            monkeypatch.delenv(name, raising=False)
+    first = _simple(tmp_path / "cache")
+    monkeypatch.setenv(var, value.format(tmp=tmp_path))
+    second = _simple(tmp_path / "cache")
+    assert second.parent != first.parent
+    monkeypatch.delenv(var)
+    assert _simple(tmp_path / "cache") == first
+
+
+def test_toolchain_id_identifies_the_binary_not_just_its_version(tmp_path):
+    ids = []
+    for name in ("cxx-a", "cxx-b"):
+        script = tmp_path / name
+        script.write_text(f"#!/bin/sh\n# {name}\necho 'g++ (Fake) 1.0'\n")
+        script.chmod(0o755)
+        ids.append(compilers.toolchain_id(str(script)))
+    assert ids[0] != ids[1] and all(i.startswith("g++ (Fake) 1.0") and "\n" not in i for i in ids)
+    assert str(tmp_path / "cxx-a") in ids[0]
+    (tmp_path / "cxx-a").write_text("#!/bin/sh\n# changed in place\necho 'g++ (Fake) 1.0'\n")
+    assert compilers.toolchain_id(str(tmp_path / "cxx-a")) != ids[0]

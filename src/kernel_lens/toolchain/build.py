@@ -1,13 +1,23 @@
 """Compile generated C++ sources into one shared library, with a content-addressed cache.
 
 The library lands at ``<cache>/<key[:16]>/<name>.so`` where ``key`` is a sha256 over everything
-that determines the output: the sources, the flags, a fingerprint of each include folder (header
-names and sizes, ONNX Runtime API / TensorRT / CUDA runtime versions), the compiler's identity and
-``key_extra``. A cache hit returns at once without running the compiler.
+that determines the output: the sources, the flags, a fingerprint of each include folder (the
+contents of every header in it), the compiler's identity (``--version``, resolved path and sha256
+of the binary), the environment variables the compiler reads (:data:`KEY_ENV_VARS`) and
+``key_extra``. A cache hit returns without running the compiler.
+
+The cache trusts only what this user wrote (docs/security.md). The cache root and the key's folder
+must be real folders (not links) owned by the current user and not writable by others, else
+:class:`CacheError`. Next to each library, ``<name>.so.sha256`` records the sha256 of its bytes
+(``sha256sum`` format). A library is reused only if it and its record are regular files (not
+links) owned by the current user and not writable by group or others, and its bytes match the
+record; anything else is logged as a warning and rebuilt (atomically replaced, a link at the name
+is replaced, never followed).
 
 Builds are atomic and safe across processes: the compiler writes a temporary file in the key's
 folder which is then ``os.replace``d into place, under an exclusive ``flock`` on the key's lock
-file; a second process building the same key waits for the lock and then finds the library.
+file (opened with ``O_NOFOLLOW``: a link there is a :class:`CacheError`); a second process building
+the same key waits for the lock and then finds the library.
 
 Include folders are passed with ``-isystem``: they hold third-party headers (ONNX Runtime,
 TensorRT, CUDA) whose own warnings are not ours, while ``-Wall -Wextra -Werror`` applies to the
@@ -24,6 +34,7 @@ import os
 import platform
 import shlex
 import shutil
+import stat
 import subprocess
 import tempfile
 import time
@@ -31,7 +42,8 @@ from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Iterator, Mapping, Sequence
 
-from kernel_lens.errors import BuildError, ToolchainError
+from kernel_lens.errors import BuildError, CacheError, ToolchainError
+from kernel_lens.fileio import atomic_write
 from kernel_lens.toolchain.compilers import find_cxx, toolchain_id
 from kernel_lens.toolchain.headers import header_fingerprint
 
@@ -42,7 +54,15 @@ CXX_FLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werr
 LINK_FLAGS = ("-Wl,--no-undefined", "-ldl")  # no -lcuda: generated code dlopen()s the driver
 CXX_SUFFIXES = (".cpp", ".cc", ".cxx", ".c++")
 MAX_STDERR_LINES = 60
-_KEY_SCHEMA = "kernel_lens.build/1"
+_KEY_SCHEMA = "kernel_lens.build/2"
+# Environment that can change what the compiler produces: the compiler's choice, flags variables
+# (not read by g++ itself, keyed so a build wrapper honouring them never reuses a stale library),
+# the search paths g++/cc1plus/collect2/ld read, reproducible-build time stamps, and ld's default
+# run path. The compiler runs with the caller's environment (LC_ALL=C), so all of these reach it.
+KEY_ENV_VARS = ("CXX", "KERNEL_LENS_CXX", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "CPATH",
+                "CPLUS_INCLUDE_PATH", "C_INCLUDE_PATH", "LIBRARY_PATH", "GCC_EXEC_PREFIX",
+                "COMPILER_PATH", "SOURCE_DATE_EPOCH", "LD_RUN_PATH", "GCC_COMPARE_DEBUG")
+HASH_SUFFIX = ".sha256"  # <name>.so.sha256: the library's sha256, recorded when it was built
 # Default system include folders: passing them with -isystem reorders the search and breaks
 # libstdc++'s #include_next, and they are searched anyway.
 _DEFAULT_INCLUDE_DIRS = {Path("/usr/include"), Path("/usr/local/include"),
@@ -97,24 +117,127 @@ def _cache_key(name: str, sources: Mapping[str, str], flags: Sequence[str],
         "link": list(LINK_FLAGS),
         "includes": [header_fingerprint(d) for d in include_dirs],
         "toolchain": toolchain,
+        "env": {var: os.environ[var] for var in KEY_ENV_VARS if var in os.environ},
         "machine": platform.machine(),
         "extra": key_extra,
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
+_CACHE_HINT = ("set KERNEL_LENS_CACHE (or pass cache_dir) to a folder of your own that is not a "
+               "link and not writable by others")
+
+
+def _checked_folder(path: Path, what: str, *, create: bool = False) -> None:
+    """Refuse (CacheError) a cache folder that is a link, not a folder, another user's, or
+    writable by others: a key folder by group or others, the root by others unless sticky."""
+    if create:
+        try:
+            path.mkdir(mode=0o755, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CacheError(f"cannot create the build cache {what} {path}: {exc.strerror}; "
+                             f"{_CACHE_HINT}") from None
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise CacheError(f"cannot use the build cache {what} {path}: {exc.strerror}; {_CACHE_HINT}") from None
+    problem = None
+    if stat.S_ISLNK(st.st_mode):
+        problem = f"is a symbolic link (to {os.readlink(path)})"
+    elif not stat.S_ISDIR(st.st_mode):
+        problem = "is not a folder"
+    elif st.st_uid != os.geteuid():
+        problem = f"is owned by uid {st.st_uid}, not by the current user (uid {os.geteuid()})"
+    elif what == "root" and st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        problem = f"is writable by others (mode {stat.S_IMODE(st.st_mode):o}, no sticky bit)"
+    elif what != "root" and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        problem = f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    if problem:
+        raise CacheError(f"refusing the build cache {what} {path}: it {problem}; {_CACHE_HINT}"
+                         + (" (or remove it: it is rebuilt)" if what == "key folder" else ""))
+
+
+def _file_problem(st: os.stat_result) -> str | None:
+    if stat.S_ISLNK(st.st_mode):
+        return "it is a symbolic link"
+    if not stat.S_ISREG(st.st_mode):
+        return "it is not a regular file"
+    if st.st_uid != os.geteuid():
+        return f"it is owned by uid {st.st_uid}, not by the current user (uid {os.geteuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"it is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def _read_trusted(path: Path) -> tuple[bytes | None, str | None]:
+    """(bytes, None) for a regular file of the current user that only they can write, read
+    without following a link; (None, why not) otherwise; (None, None) when it does not exist."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, f"it cannot be inspected ({exc.strerror})"
+    problem = _file_problem(st)
+    if problem:
+        return None, problem
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        return None, f"it cannot be opened ({exc.strerror})"
+    with os.fdopen(fd, "rb") as fh:
+        fst = os.fstat(fh.fileno())
+        if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
+            return None, "it was replaced while being checked"
+        return fh.read(), None
+
+
+def _entry_problem(lib: Path) -> str | None:
+    """Why the cached ``lib`` must not be reused ('missing' if absent), or None if it is trusted."""
+    data, problem = _read_trusted(lib)
+    if problem:
+        return f"{lib}: {problem}"
+    if data is None:
+        return "missing"
+    record = lib.with_name(lib.name + HASH_SUFFIX)
+    recorded, record_problem = _read_trusted(record)
+    if record_problem:
+        return f"{record}: {record_problem}"
+    if recorded is None:
+        return f"{lib}: no content hash was recorded for it ({record} is missing)"
+    fields = recorded.split()
+    want = fields[0].decode("ascii", "replace").lower() if fields else ""
+    have = hashlib.sha256(data).hexdigest()
+    if want != have:
+        return f"{lib}: its sha256 {have} does not match the hash recorded in {record} ({want or 'empty'})"
+    return None
+
+
 @contextmanager
 def _locked(lock_path: Path, what: str) -> Iterator[None]:
-    with open(lock_path, "a+") as fh:
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        why = "it is a symbolic link" if os.path.islink(lock_path) else exc.strerror
+        raise CacheError(f"cannot open the build cache lock file {lock_path}: {why}; remove it "
+                         f"(it is recreated), or {_CACHE_HINT}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise CacheError(f"refusing the build cache lock file {lock_path}: it is not a regular "
+                             f"file owned by the current user; remove it (it is recreated), or "
+                             f"{_CACHE_HINT}")
         try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             log.info("waiting for another process building %s", what)
-            fcntl.flock(fh, fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def _trim(text: str, keep_path: Path) -> str:
@@ -144,16 +267,27 @@ def build_shared_library(name: str, sources: dict[str, str], *, include_dirs: li
     flags = [*CXX_FLAGS, *extra_flags]
     key = _cache_key(name, sources, flags, includes, toolchain_id(cxx), key_extra)
     root = build_cache_dir(cache_dir)
+    _checked_folder(root, "root", create=True)
     key_dir = root / key[:16]
     lib = key_dir / f"{name}.so"
-    if lib.is_file():
-        log.debug("cache hit: %s", lib)
-        return lib
-    key_dir.mkdir(parents=True, exist_ok=True)
+    if os.path.lexists(key_dir):
+        _checked_folder(key_dir, "key folder")
+        if _entry_problem(lib) is None:
+            log.debug("cache hit: %s", lib)
+            return lib
+    else:
+        try:
+            os.mkdir(key_dir, 0o755)
+        except FileExistsError:  # made by another process meanwhile
+            pass
+        _checked_folder(key_dir, "key folder")
     with _locked(key_dir / ".lock", f"{name} ({key[:16]})"):
-        if lib.is_file():  # built by another process while we waited
+        problem = _entry_problem(lib)  # checked again: another process may have built it meanwhile
+        if problem is None:
             log.debug("cache hit after waiting: %s", lib)
             return lib
+        if problem != "missing":
+            log.warning("build cache entry not reused, rebuilding it: %s", problem)
         _compile(name, sources, units, cxx, flags, includes, root, key, lib)
     return lib
 
@@ -181,6 +315,8 @@ def _compile(name: str, sources: Mapping[str, str], units: list[str], cxx: str, 
                                  "to a working C++ compiler") from None
         if proc.returncode != 0 or not tmp_out.is_file() or tmp_out.stat().st_size == 0:
             kept = root / "failed" / f"{name}-{key[:16]}"
+            if kept.is_symlink():  # replaced, never followed (shutil.move would move into its target)
+                kept.unlink()
             shutil.rmtree(kept, ignore_errors=True)
             kept.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(work), str(kept))
@@ -195,8 +331,13 @@ def _compile(name: str, sources: Mapping[str, str], units: list[str], cxx: str, 
                 f"command: {command}\n"
                 f"{_trim(proc.stderr or proc.stdout or '(no compiler output)', kept / 'stderr.txt')}\n"
                 f"the failing sources are kept in {kept}")
-        os.chmod(tmp_out, 0o777 & ~_umask())  # mkstemp made it 0600
-        os.replace(tmp_out, lib)
+        os.chmod(tmp_out, 0o755 & ~_umask())  # mkstemp made it 0600; never group/world-writable
+        if lib.is_dir() and not lib.is_symlink():
+            raise CacheError(f"cannot replace the build cache entry {lib}: it is a folder; remove it")
+        digest = hashlib.sha256(tmp_out.read_bytes()).hexdigest()
+        os.replace(tmp_out, lib)  # a link at lib is replaced, not followed
+        # Written second: a crash in between leaves a mismatch, so the library is rebuilt.
+        atomic_write(lib.with_name(lib.name + HASH_SUFFIX), f"{digest}  {lib.name}\n", mode=0o644)
     finally:
         tmp_out.unlink(missing_ok=True)
         shutil.rmtree(work, ignore_errors=True)

@@ -13,6 +13,7 @@ Variables, each checked first and an error when set to something that is not an 
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import shutil
 import subprocess
@@ -66,9 +67,23 @@ def find_ccbin() -> str:
     return _from_env("KERNEL_LENS_CCBIN", "host compiler for nvcc") or find_cxx()
 
 
-@functools.lru_cache(maxsize=None)
 def toolchain_id(cxx: str) -> str:
-    """First line of ``cxx --version`` (e.g. 'g++ (Debian 12.2.0-14) 12.2.0'), for cache keys."""
+    """One line identifying the compiler, for cache keys: the first line of ``cxx --version``
+    (e.g. 'g++ (Debian 12.2.0-14) 12.2.0'), the resolved path of the binary and the sha256 of
+    its bytes. Computed once per process while the binary's (device, inode, size, mtime, ctime)
+    stay the same; a compiler replaced in place is noticed."""
+    real = os.path.realpath(cxx)
+    try:
+        st = os.stat(real)
+    except OSError as exc:
+        raise ToolchainError(f"cannot read the C++ compiler {cxx}: {exc.strerror}; set KERNEL_LENS_CXX "
+                             "to a working C++ compiler") from None
+    return _toolchain_id(cxx, real, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+
+
+@functools.lru_cache(maxsize=None)
+def _toolchain_id(cxx: str, real: str, signature: tuple[int, ...]) -> str:
+    del signature  # only part of the cache key
     try:
         proc = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -78,4 +93,12 @@ def toolchain_id(cxx: str) -> str:
     if proc.returncode != 0 or not lines:
         raise ToolchainError(f"'{cxx} --version' failed (exit {proc.returncode}): "
                              f"{proc.stderr.strip()[:500]}; set KERNEL_LENS_CXX to a working C++ compiler")
-    return lines[0].strip()
+    h = hashlib.sha256()
+    try:
+        with open(real, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    except OSError as exc:
+        raise ToolchainError(f"cannot read the C++ compiler {real}: {exc.strerror}; set "
+                             "KERNEL_LENS_CXX to a working C++ compiler") from None
+    return f"{lines[0].strip()} | {real} | sha256:{h.hexdigest()}"

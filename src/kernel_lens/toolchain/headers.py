@@ -15,11 +15,13 @@ the script that fetches the headers.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
 import platform
 import re
+import stat
 from pathlib import Path
 
 from kernel_lens.errors import ToolchainError
@@ -197,28 +199,64 @@ def cuda_runtime_version(include: Path) -> int | None:
     return _resolve_int(_defines(header), "CUDART_VERSION") if header.is_file() else None
 
 
-def header_fingerprint(include: Path) -> str:
-    """Cheap content fingerprint of an include folder, for build cache keys.
-
-    Hashes the names and sizes of the folder's top-level headers plus the ONNX Runtime API,
-    TensorRT and CUDA runtime versions when the folder holds those headers. Not the path: the
-    same headers fetched elsewhere give the same fingerprint.
-    """
-    include = Path(include)
+@functools.lru_cache(maxsize=1 << 16)
+def _file_digest(path: str, signature: tuple[int, ...]) -> str:
+    """sha256 of a file's bytes; ``signature`` (device, inode, size, mtime, ctime) keys the cache,
+    so a file is read once per process until it changes."""
+    del signature  # only part of the cache key
     h = hashlib.sha256()
-    try:
-        entries = sorted((e.name, e.stat().st_size) for e in os.scandir(include)
-                         if e.is_file() and e.name.endswith((".h", ".hpp", ".hh", ".inc", ".cuh")))
-    except OSError:
-        entries = []
-    h.update(repr(entries).encode())
-    for label, marker, read in (("ORT_API_VERSION", ORT_MARKER, ort_api_version),
-                                ("TensorRT", "NvInferVersion.h", tensorrt_version),
-                                ("CUDART_VERSION", CUDA_MARKER, cuda_runtime_version)):
-        if (include / marker).is_file():
-            try:
-                version = read(include)
-            except (ToolchainError, OSError):
-                version = "?"
-            h.update(f"{label}={version}".encode())
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
     return h.hexdigest()
+
+
+def _header_files(include: Path) -> list[tuple[str, str]]:
+    """(name relative to ``include``, sha256 of the bytes) for every file below ``include``.
+
+    Links are followed, as the compiler follows them (a folder reached twice, e.g. through a link
+    cycle, is walked once); a file that cannot be read is recorded as such.
+    """
+    out: list[tuple[str, str]] = []
+    seen: set[tuple[int, int]] = set()
+
+    def walk(folder: Path, rel: str) -> None:
+        try:
+            st = folder.stat()
+            if (st.st_dev, st.st_ino) in seen:
+                return
+            seen.add((st.st_dev, st.st_ino))
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:
+            out.append((rel or ".", "<unreadable folder>"))
+            return
+        for entry in entries:
+            name = f"{rel}/{entry.name}" if rel else entry.name
+            try:
+                st = entry.stat()  # follows links
+            except OSError:
+                out.append((name, "<dangling link>"))
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                walk(Path(entry.path), name)
+            elif stat.S_ISREG(st.st_mode):
+                sig = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                try:
+                    out.append((name, _file_digest(entry.path, sig)))
+                except OSError:
+                    out.append((name, "<unreadable>"))
+
+    walk(Path(include), "")
+    return sorted(out)
+
+
+def header_fingerprint(include: Path) -> str:
+    """Content fingerprint of an include folder, for build cache keys.
+
+    The sha256 of every file below ``include`` (recursively, links followed), each with its name
+    relative to ``include``, sorted. Editing any header (even keeping its size) changes it; the
+    folder's own path does not: the same headers fetched elsewhere give the same fingerprint.
+    Each file is read once per process while its (device, inode, size, mtime, ctime) stay the same.
+    """
+    files = _header_files(Path(include))
+    return hashlib.sha256(repr(("kernel_lens.headers/2", files)).encode()).hexdigest()

@@ -12,8 +12,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <initializer_list>
 #include <map>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -57,6 +60,7 @@ struct Driver {
                              unsigned, CUstream, void**, void**) = nullptr;
   CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream) = nullptr;
   CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream) = nullptr;
+  CUresult (*cuCtxGetId)(CUcontext, unsigned long long*) = nullptr;  // CUDA 12.0+
 };
 
 // Errors are plain strings; empty means success. Each target converts them to its own status.
@@ -74,6 +78,11 @@ bool load_symbol(void* lib, const char* name, F* out) {
   return *out != nullptr;
 }
 
+// TEST ONLY: names a shared library that driver() loads instead of libcuda.so.1, so the
+// runtime can be exercised without a GPU against the fake driver of tests/fake_cuda
+// (see docs/testing.md). Never set it outside tests.
+constexpr const char* kTestDriverEnv = "KERNEL_LENS_TEST_CUDA_DRIVER";
+
 // The driver, loaded on first use. On a host without libcuda.so.1 this returns an error
 // (at run time only: building and loading the plugin library never needs the driver).
 inline const Driver* driver(Status* error) {
@@ -81,30 +90,38 @@ inline const Driver* driver(Status* error) {
   static Status load_error;
   static std::once_flag once;
   std::call_once(once, [] {
-    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    const char* test_driver = std::getenv(kTestDriverEnv);  // test-only substitute, see above
+    const std::string path = (test_driver != nullptr && *test_driver != '\0') ? test_driver : "libcuda.so.1";
+    void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (lib == nullptr) {
       const char* why = dlerror();
-      load_error = std::string("kernel_lens: cannot load the CUDA driver libcuda.so.1 (") +
-                   (why ? why : "unknown reason") + "); a GPU with an NVIDIA driver is required to run";
+      load_error = "kernel_lens: cannot load the CUDA driver " + path + " (" + (why ? why : "unknown reason") +
+                   "); a GPU with an NVIDIA driver is required to run";
       return;
     }
-    bool ok = load_symbol(lib, "cuInit", &d.cuInit) &&
-              load_symbol(lib, "cuGetErrorName", &d.cuGetErrorName) &&
-              load_symbol(lib, "cuCtxGetCurrent", &d.cuCtxGetCurrent) &&
-              load_symbol(lib, "cuCtxGetDevice", &d.cuCtxGetDevice) &&
-              load_symbol(lib, "cuCtxPushCurrent_v2", &d.cuCtxPushCurrent) &&
-              load_symbol(lib, "cuCtxPopCurrent_v2", &d.cuCtxPopCurrent) &&
-              load_symbol(lib, "cuStreamGetCtx", &d.cuStreamGetCtx) &&
-              load_symbol(lib, "cuDeviceGetAttribute", &d.cuDeviceGetAttribute) &&
-              load_symbol(lib, "cuModuleLoadData", &d.cuModuleLoadData) &&
-              load_symbol(lib, "cuModuleUnload", &d.cuModuleUnload) &&
-              load_symbol(lib, "cuModuleGetFunction", &d.cuModuleGetFunction) &&
-              load_symbol(lib, "cuFuncSetAttribute", &d.cuFuncSetAttribute) &&
-              load_symbol(lib, "cuLaunchKernel", &d.cuLaunchKernel) &&
-              load_symbol(lib, "cuMemcpyDtoDAsync_v2", &d.cuMemcpyDtoDAsync) &&
-              load_symbol(lib, "cuMemsetD8Async", &d.cuMemsetD8Async);
-    if (!ok) {
-      load_error = "kernel_lens: libcuda.so.1 lacks a required driver entry point; update the NVIDIA driver";
+    const char* missing = nullptr;
+    auto need = [&](const char* name, auto* out) {
+      if (missing == nullptr && !load_symbol(lib, name, out)) missing = name;
+    };
+    need("cuInit", &d.cuInit);
+    need("cuGetErrorName", &d.cuGetErrorName);
+    need("cuCtxGetCurrent", &d.cuCtxGetCurrent);
+    need("cuCtxGetDevice", &d.cuCtxGetDevice);
+    need("cuCtxPushCurrent_v2", &d.cuCtxPushCurrent);
+    need("cuCtxPopCurrent_v2", &d.cuCtxPopCurrent);
+    need("cuStreamGetCtx", &d.cuStreamGetCtx);
+    need("cuDeviceGetAttribute", &d.cuDeviceGetAttribute);
+    need("cuModuleLoadData", &d.cuModuleLoadData);
+    need("cuModuleUnload", &d.cuModuleUnload);
+    need("cuModuleGetFunction", &d.cuModuleGetFunction);
+    need("cuFuncSetAttribute", &d.cuFuncSetAttribute);
+    need("cuLaunchKernel", &d.cuLaunchKernel);
+    need("cuMemcpyDtoDAsync_v2", &d.cuMemcpyDtoDAsync);
+    need("cuMemsetD8Async", &d.cuMemsetD8Async);
+    need("cuCtxGetId", &d.cuCtxGetId);
+    if (missing != nullptr) {
+      load_error = "kernel_lens: the CUDA driver " + path + " lacks the entry point " + missing +
+                   "; update the NVIDIA driver (CUDA 12.0 or newer is required)";
       return;
     }
     CUresult r = d.cuInit(0);
@@ -141,11 +158,16 @@ struct Binary {
 };
 
 // Loaded functions, one per (context, binary); loading is serialized, lookups are cheap.
+// Keyed by the context's unique id (cuCtxGetId), never by its address: a context destroyed
+// and recreated at the same address is a new context whose modules must be loaded again.
 class ModuleCache {
  public:
+  // `ctx` must be the current context (ContextGuard makes it so).
   Status function(const Driver& d, CUcontext ctx, const Binary& b, CUfunction* out) {
+    unsigned long long ctx_id = 0;
+    KL_CHECK(d, d.cuCtxGetId(ctx, &ctx_id), std::string("kernel ") + b.kernel + ": cuCtxGetId");
     std::lock_guard<std::mutex> lock(mutex_);
-    auto key = std::make_pair(ctx, &b);
+    auto key = std::make_pair(ctx_id, &b);
     auto it = functions_.find(key);
     if (it != functions_.end()) {
       *out = it->second;
@@ -196,7 +218,7 @@ class ModuleCache {
   }
 
   std::mutex mutex_;
-  std::map<std::pair<CUcontext, const Binary*>, CUfunction> functions_;
+  std::map<std::pair<unsigned long long, const Binary*>, CUfunction> functions_;  // (context id, binary)
 };
 
 inline ModuleCache& module_cache() {
@@ -213,16 +235,91 @@ class LaunchContext {
   virtual Status output(int i, const std::vector<int64_t>& shape, char** data) = 0;
   virtual Status scratch(size_t bytes, void** data) = 0;       // temporary device memory
   virtual CUstream stream() const = 0;
+  // A node input's rank, or -1 when the target does not know it (check_ranks then skips it).
+  virtual int rank(int input) const { (void)input; return -1; }
+  // The node's number of inputs, or -1 when unknown.
+  virtual int input_count() const { return -1; }
 };
 
-// Makes the stream's context current for the duration of a launch.
+// Thrown by a target's dim()/input() when generated code reads past what the node has; the
+// target turns it into its error status (its message names the input and its actual rank).
+class RankError : public std::out_of_range {
+ public:
+  using std::out_of_range::out_of_range;
+};
+
+// Dimension `d` of input `input` from a table of input shapes, with a clear RankError (not
+// vector::at's) when the input does not exist or has fewer dims than the model reads.
+inline int64_t checked_dim(const std::vector<std::vector<int64_t>>& shapes, int input, int d) {
+  if (input < 0 || static_cast<size_t>(input) >= shapes.size())
+    throw RankError("input " + std::to_string(input) + " does not exist: the node has " +
+                    std::to_string(shapes.size()) + " inputs");
+  const std::vector<int64_t>& shape = shapes[static_cast<size_t>(input)];
+  if (d < 0 || static_cast<size_t>(d) >= shape.size())
+    throw RankError("input " + std::to_string(input) + " has rank " + std::to_string(shape.size()) +
+                    ", but the model reads its dim " + std::to_string(d) +
+                    " (the graph's input does not have the rank the model was compiled for)");
+  return shape[static_cast<size_t>(d)];
+}
+
+// Input `i`'s data pointer from a table, with a clear RankError when the input does not exist.
+inline char* checked_input(const std::vector<char*>& data, int i) {
+  if (i < 0 || static_cast<size_t>(i) >= data.size())
+    throw RankError("input " + std::to_string(i) + " does not exist: the node has " + std::to_string(data.size()) +
+                    " inputs");
+  return data[static_cast<size_t>(i)];
+}
+
+// Every input a launch reads has the rank the model was compiled for (inputs the context does
+// not know the rank of are skipped). `expected[k]` is input k's rank.
+inline Status check_ranks(const LaunchContext& ctx, int launch, const char* op, std::initializer_list<int> expected) {
+  const std::string where = "kernel_lens launch " + std::to_string(launch) + " (" + op + "): ";
+  const int n = ctx.input_count();
+  if (n >= 0 && static_cast<size_t>(n) < expected.size())
+    return where + "the node has " + std::to_string(n) + " inputs, the model was compiled for " +
+           std::to_string(expected.size());
+  int k = 0;
+  for (int want : expected) {
+    const int have = ctx.rank(k);
+    if (have >= 0 && have != want)
+      return where + "input " + std::to_string(k) + " has rank " + std::to_string(have) +
+             ", the model was compiled for rank " + std::to_string(want);
+    ++k;
+  }
+  return {};
+}
+
+// Makes the stream's context current for the guard's lifetime (and pops it afterwards).
+// A guard that could not do so holds an error(): callers check it before any driver work.
+// Guards nest: an inner guard finds the context already current and pushes nothing.
 class ContextGuard {
  public:
   ContextGuard(const Driver& d, CUstream s) : d_(d) {
+    const CUresult rs = d_.cuStreamGetCtx(s, &ctx_);
+    if (rs != 0 || ctx_ == nullptr) {
+      ctx_ = nullptr;
+      const CUresult rc = d_.cuCtxGetCurrent(&ctx_);
+      if (rc != 0 || ctx_ == nullptr) {
+        ctx_ = nullptr;
+        error_ = "no CUDA context to launch in: cuStreamGetCtx " +
+                 (rs != 0 ? "failed with " + result_name(d_, rs) : std::string("returned no context")) +
+                 " and cuCtxGetCurrent " +
+                 (rc != 0 ? "failed with " + result_name(d_, rc) : std::string("found no current context")) +
+                 "; the stream must belong to a CUDA context";
+        return;
+      }
+    }
     CUcontext current = nullptr;
-    if (d_.cuStreamGetCtx(s, &ctx_) != 0 || ctx_ == nullptr) d_.cuCtxGetCurrent(&ctx_);
-    d_.cuCtxGetCurrent(&current);
-    if (ctx_ != nullptr && ctx_ != current) pushed_ = d_.cuCtxPushCurrent(ctx_) == 0;
+    if (d_.cuCtxGetCurrent(&current) != 0) current = nullptr;
+    if (ctx_ != current) {
+      const CUresult rp = d_.cuCtxPushCurrent(ctx_);
+      if (rp != 0) {
+        error_ = "cuCtxPushCurrent failed to make the stream's CUDA context current: " +
+                 result_name(d_, rp);
+        return;
+      }
+      pushed_ = true;
+    }
   }
   ~ContextGuard() {
     if (pushed_) {
@@ -232,16 +329,21 @@ class ContextGuard {
   }
   ContextGuard(const ContextGuard&) = delete;
   ContextGuard& operator=(const ContextGuard&) = delete;
-  CUcontext context() const { return ctx_; }
+  // Empty when the stream's context is current; otherwise why it is not.
+  const Status& error() const { return error_; }
+  CUcontext context() const { return error_.empty() ? ctx_ : nullptr; }
 
  private:
   const Driver& d_;
   CUcontext ctx_ = nullptr;
   bool pushed_ = false;
+  Status error_;
 };
 
 inline Status copy_device(const Driver& d, LaunchContext& ctx, char* dst, const char* src, size_t bytes) {
   if (bytes == 0 || dst == src) return {};
+  ContextGuard guard(d, ctx.stream());
+  if (!guard.error().empty()) return "kernel_lens: copying an in-place tensor: " + guard.error();
   KL_CHECK(d, d.cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(dst), reinterpret_cast<CUdeviceptr>(src),
                                   bytes, ctx.stream()),
            "kernel_lens: copying an in-place tensor (cuMemcpyDtoDAsync)");
@@ -251,35 +353,55 @@ inline Status copy_device(const Driver& d, LaunchContext& ctx, char* dst, const 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 inline bool fits_i32(int64_t v) { return v >= INT32_MIN && v <= INT32_MAX; }
 
+// Scratch bytes for `programs` programs of `per_program` bytes each, false on size_t overflow.
+inline bool scratch_bytes(size_t per_program, size_t programs, size_t* bytes) {
+  return !__builtin_mul_overflow(per_program, programs, bytes);
+}
+
 // Launch one binary with Triton's ABI: `params` holds the visible arguments; the two hidden
 // scratch pointers are appended here. A grid with a zero extent launches nothing, as in Triton.
 inline Status launch(const Driver& d, LaunchContext& ctx, const Binary& b, int64_t gx, int64_t gy, int64_t gz,
                      std::vector<void*> params) {
-  if (gx < 0 || gy < 0 || gz < 0)
-    return std::string("kernel ") + b.kernel + ": negative grid (" + std::to_string(gx) + ", " +
-           std::to_string(gy) + ", " + std::to_string(gz) + ")";
+  const std::string grid = "(" + std::to_string(gx) + ", " + std::to_string(gy) + ", " + std::to_string(gz) + ")";
+  if (gx < 0 || gy < 0 || gz < 0) return std::string("kernel ") + b.kernel + ": negative grid " + grid;
   if (gx == 0 || gy == 0 || gz == 0) return {};
-  if (gx * b.num_ctas > INT32_MAX || gy > 65535 || gz > 65535)
-    return std::string("kernel ") + b.kernel + ": grid (" + std::to_string(gx) + ", " + std::to_string(gy) +
-           ", " + std::to_string(gz) + ") exceeds CUDA's limits";
+  if (b.num_ctas == 0) return std::string("kernel ") + b.kernel + ": binary has num_ctas = 0";
+  int64_t blocks_x = 0;  // gx * num_ctas, the grid's x extent in blocks
+  if (__builtin_mul_overflow(gx, static_cast<int64_t>(b.num_ctas), &blocks_x) || blocks_x > INT32_MAX ||
+      gy > 65535 || gz > 65535)
+    return std::string("kernel ") + b.kernel + ": grid " + grid + " with num_ctas " + std::to_string(b.num_ctas) +
+           " exceeds CUDA's limits";
+  size_t programs = 0;  // every block, each gets its own slice of the scratch buffers
+  if (__builtin_mul_overflow(static_cast<size_t>(blocks_x), static_cast<size_t>(gy), &programs) ||
+      __builtin_mul_overflow(programs, static_cast<size_t>(gz), &programs))
+    return std::string("kernel ") + b.kernel + ": grid " + grid + ": the number of programs overflows size_t";
+  size_t global_bytes = 0, profile_bytes = 0;
+  if (!scratch_bytes(b.global_scratch_size, programs, &global_bytes))
+    return std::string("kernel ") + b.kernel + ": global scratch of " + std::to_string(b.global_scratch_size) +
+           " bytes per program for " + std::to_string(programs) + " programs (grid " + grid +
+           ") overflows size_t";
+  if (!scratch_bytes(b.profile_scratch_size, programs, &profile_bytes))
+    return std::string("kernel ") + b.kernel + ": profile scratch of " + std::to_string(b.profile_scratch_size) +
+           " bytes per program for " + std::to_string(programs) + " programs (grid " + grid +
+           ") overflows size_t";
   ContextGuard guard(d, ctx.stream());
+  if (!guard.error().empty()) return std::string("kernel ") + b.kernel + ": " + guard.error();
   CUfunction fn = nullptr;
   Status s = module_cache().function(d, guard.context(), b, &fn);
   if (!s.empty()) return s;
   void* global_scratch = nullptr;
   void* profile_scratch = nullptr;
-  const size_t programs = static_cast<size_t>(gx) * gy * gz * b.num_ctas;
-  if (b.global_scratch_size > 0) {
-    s = ctx.scratch(b.global_scratch_size * programs, &global_scratch);
+  if (global_bytes > 0) {
+    s = ctx.scratch(global_bytes, &global_scratch);
     if (!s.empty()) return s;
   }
-  if (b.profile_scratch_size > 0) {
-    s = ctx.scratch(b.profile_scratch_size * programs, &profile_scratch);
+  if (profile_bytes > 0) {
+    s = ctx.scratch(profile_bytes, &profile_scratch);
     if (!s.empty()) return s;
   }
   params.push_back(&global_scratch);
   params.push_back(&profile_scratch);
-  KL_CHECK(d, d.cuLaunchKernel(fn, static_cast<unsigned>(gx * b.num_ctas), static_cast<unsigned>(gy),
+  KL_CHECK(d, d.cuLaunchKernel(fn, static_cast<unsigned>(blocks_x), static_cast<unsigned>(gy),
                                static_cast<unsigned>(gz), 32 * b.num_warps, 1, 1, b.shared, ctx.stream(),
                                params.data(), nullptr),
            std::string("kernel ") + b.kernel + ": cuLaunchKernel");

@@ -1,0 +1,357 @@
+// Drives kl_runtime.h (kl::launch, kl::ModuleCache, kl::ContextGuard, kl::copy_device, the
+// rank checks) through the fake CUDA driver of fake_cuda.c. TEST ONLY.
+//
+// Usage: KERNEL_LENS_TEST_CUDA_DRIVER=/path/libfake_cuda.so harness <scenario>
+// Prints `key=value` lines that tests/test_runtime_cpp.py asserts on; exits 2 on misuse.
+// Built with -DKL_HARNESS_GENERATED and linked with a model's generated kl_launches.cpp, it
+// also runs that model's kl::run_launch (the `gen_*` scenarios).
+#include <dlfcn.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kl_runtime.h"
+#ifdef KL_HARNESS_GENERATED
+#include "kl_model.h"
+#endif
+
+namespace {
+
+// ---- the fake driver's control functions, from the same library driver() loads ------------------
+struct Fake {
+  void (*fail)(const char*, int);
+  void (*set_context)(void*, unsigned long long);
+  void (*set_current)(void*);
+  void* (*current)();
+  int (*ctx_depth)();
+  int (*push_count)();
+  int (*pop_count)();
+  void (*set_param_sizes)(const int*, int);
+  int (*module_loads)();
+  int (*module_unloads)();
+  int (*live_modules)();
+  int (*last_unloaded)();
+  const unsigned char* (*module_image)(int);
+  const void* (*module_image_ptr)(int);
+  const char* (*last_function_name)();
+  int (*func_attribute_value)();
+  int (*launch_count)();
+  int (*launch_info)(int, unsigned*);
+  int (*launch_params)(int, unsigned char*, int);
+  int (*copy_count)();
+};
+
+template <typename F>
+void sym(void* lib, const char* name, F* out) {
+  *out = reinterpret_cast<F>(dlsym(lib, name));
+  if (*out == nullptr) {
+    std::fprintf(stderr, "harness: the fake driver lacks %s\n", name);
+    std::exit(2);
+  }
+}
+
+Fake load_fake() {
+  const char* path = std::getenv(kl::kTestDriverEnv);
+  void* lib = path != nullptr ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : nullptr;
+  if (lib == nullptr) {
+    std::fprintf(stderr, "harness: set %s to the fake driver\n", kl::kTestDriverEnv);
+    std::exit(2);
+  }
+  Fake f{};
+  sym(lib, "fake_fail", &f.fail);
+  sym(lib, "fake_set_context", &f.set_context);
+  sym(lib, "fake_set_current", &f.set_current);
+  sym(lib, "fake_current", &f.current);
+  sym(lib, "fake_ctx_depth", &f.ctx_depth);
+  sym(lib, "fake_push_count", &f.push_count);
+  sym(lib, "fake_pop_count", &f.pop_count);
+  sym(lib, "fake_set_param_sizes", &f.set_param_sizes);
+  sym(lib, "fake_module_loads", &f.module_loads);
+  sym(lib, "fake_module_unloads", &f.module_unloads);
+  sym(lib, "fake_live_modules", &f.live_modules);
+  sym(lib, "fake_last_unloaded", &f.last_unloaded);
+  sym(lib, "fake_module_image", &f.module_image);
+  sym(lib, "fake_module_image_ptr", &f.module_image_ptr);
+  sym(lib, "fake_last_function_name", &f.last_function_name);
+  sym(lib, "fake_func_attribute_value", &f.func_attribute_value);
+  sym(lib, "fake_launch_count", &f.launch_count);
+  sym(lib, "fake_launch_info", &f.launch_info);
+  sym(lib, "fake_launch_params", &f.launch_params);
+  sym(lib, "fake_copy_count", &f.copy_count);
+  return f;
+}
+
+// ---- a LaunchContext over host buffers (the fake's device memory is host memory) ---------------
+class HostContext final : public kl::LaunchContext {
+ public:
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<char*> data;
+  std::vector<size_t> scratch_sizes;
+  std::vector<void*> scratch_ptrs;
+  std::vector<char*> outputs;
+
+  int64_t dim(int input, int d) const override { return kl::checked_dim(shapes, input, d); }
+  char* input(int i) const override { return kl::checked_input(data, i); }
+  int rank(int input) const override {
+    return input >= 0 && static_cast<size_t>(input) < shapes.size() ? static_cast<int>(shapes[input].size()) : -1;
+  }
+  int input_count() const override { return static_cast<int>(shapes.size()); }
+  kl::Status output(int i, const std::vector<int64_t>& shape, char** data) override {
+    size_t numel = 1;
+    for (int64_t s : shape) {
+      if (s < 0 || s > (int64_t{1} << 24)) return "harness: output " + std::to_string(i) + " has a bad shape";
+      numel *= static_cast<size_t>(s);
+    }
+    buffers_.emplace_back(numel * 8 + 1);  // 8: the widest element type
+    *data = buffers_.back().data();
+    outputs.push_back(*data);
+    return {};
+  }
+  kl::Status scratch(size_t bytes, void** out) override {
+    scratch_sizes.push_back(bytes);
+    if (bytes > (size_t{1} << 20)) return "harness: refusing " + std::to_string(bytes) + " bytes of scratch";
+    buffers_.emplace_back(bytes);
+    *out = buffers_.back().data();
+    scratch_ptrs.push_back(*out);
+    return {};
+  }
+  kl::CUstream stream() const override { return reinterpret_cast<kl::CUstream>(const_cast<int*>(&stream_)); }
+
+ private:
+  int stream_ = 0;
+  std::vector<std::vector<char>> buffers_;
+};
+
+// ---- hand-written binaries ---------------------------------------------------------------------
+const unsigned char kCubin[] = "KLCUBIN-sm90-fake-image";
+const char kPtx[] = "//KLPTX fake\n.version 8.0\n.target sm_80\n.address_size 64\n";
+
+constexpr kl::Binary binary(unsigned shared, size_t global_scratch, size_t profile_scratch, int arch = 90,
+                            unsigned num_ctas = 1) {
+  return kl::Binary{"add_kernel", arch, false, kCubin, sizeof(kCubin), kPtx, "add_kernel_entry", 4, num_ctas,
+                    shared, global_scratch, 16, profile_scratch};
+}
+
+const kl::Binary kPlain = binary(1024, 64, 0);
+const kl::Binary kBigShared = binary(100 * 1024, 0, 0);
+const kl::Binary kTooMuchShared = binary(300 * 1024, 0, 0);
+const kl::Binary kHugeGlobalScratch = binary(0, size_t{1} << 40, 0);
+const kl::Binary kHugeProfileScratch = binary(0, 0, size_t{1} << 40);
+const kl::Binary kFourCtas = binary(0, 0, 0, 90, 4);
+const kl::Binary kSm80 = binary(0, 0, 0, 80);
+
+int ctx_a_storage, ctx_b_storage;
+void* const kCtxA = &ctx_a_storage;
+void* const kCtxB = &ctx_b_storage;
+
+void out(const char* key, const std::string& value) { std::printf("%s=%s\n", key, value.c_str()); }
+void out(const char* key, long long value) { std::printf("%s=%lld\n", key, value); }
+
+std::string hex(const unsigned char* p, int n) {
+  std::string s;
+  char buf[3];
+  for (int i = 0; i < n; ++i) {
+    std::snprintf(buf, sizeof buf, "%02x", p[i]);
+    s += buf;
+  }
+  return s;
+}
+
+std::string ptr_hex(const void* p) {  // the pointer's bytes as the kernel receives them
+  return hex(reinterpret_cast<const unsigned char*>(&p), sizeof p);
+}
+
+void counts(const Fake& f) {
+  out("loads", f.module_loads());
+  out("unloads", f.module_unloads());
+  out("live_modules", f.live_modules());
+  out("launches", f.launch_count());
+  out("pushes", f.push_count());
+  out("pops", f.pop_count());
+  out("depth", f.ctx_depth());
+}
+
+kl::Status launch_plain(const kl::Driver& d, HostContext& ctx, const kl::Binary& b, int64_t gx = 1) {
+  void* x = ctx.input(0);
+  int32_t n = 1234;
+  return kl::launch(d, ctx, b, gx, 1, 1, {&x, &n});
+}
+
+int run(const std::string& scenario) {
+  if (scenario == "driver_only") {  // only loads the driver: the test sets the environment
+    kl::Status err;
+    const kl::Driver* d = kl::driver(&err);
+    out("status", d == nullptr ? err : std::string("ok"));
+    return 0;
+  }
+  Fake f = load_fake();
+  kl::Status err;
+  const kl::Driver* dp = kl::driver(&err);
+  if (dp == nullptr) {
+    out("status", err);
+    return 0;
+  }
+  const kl::Driver& d = *dp;
+  std::vector<char> x(256, 7);
+  HostContext ctx;
+  ctx.shapes = {{64}};
+  ctx.data = {x.data()};
+  f.set_context(kCtxA, 1);
+  f.set_current(kCtxA);
+
+  if (scenario == "cache") {
+    kl::Status s1 = launch_plain(d, ctx, kPlain);
+    kl::Status s2 = launch_plain(d, ctx, kPlain);
+    out("loads_same_id", f.module_loads());
+    f.set_context(kCtxA, 2);  // destroyed and recreated at the same address: a new id
+    kl::Status s3 = launch_plain(d, ctx, kPlain);
+    out("loads_new_id", f.module_loads());
+    kl::Status s4 = launch_plain(d, ctx, kPlain);
+    out("loads_new_id_again", f.module_loads());
+    out("status", s1 + s2 + s3 + s4);
+    f.fail("cuCtxGetId", 201);
+    out("id_fail_status", launch_plain(d, ctx, kPlain));
+  } else if (scenario == "push_pop") {
+    f.set_context(kCtxB, 7);
+    f.set_current(kCtxA);  // the stream's context B is not current: pushed, then popped
+    out("status", launch_plain(d, ctx, kPlain));
+    out("current_is_a", f.current() == kCtxA);
+  } else if (scenario == "push_fail") {
+    f.set_context(kCtxB, 7);
+    f.set_current(kCtxA);
+    f.fail("cuCtxPushCurrent_v2", 201);
+    {
+      kl::ContextGuard outer(d, ctx.stream());  // as run_launch does, without checking it
+      out("guard_error", outer.error());
+      out("status", launch_plain(d, ctx, kPlain));
+      std::vector<char> y(256, 0);
+      out("copy_status", kl::copy_device(d, ctx, y.data(), x.data(), y.size()));
+      out("copies", f.copy_count());
+      out("copied", y[0]);
+    }
+    out("scratch_calls", static_cast<long long>(ctx.scratch_sizes.size()));
+  } else if (scenario == "no_context") {
+    f.set_context(nullptr, 0);
+    f.set_current(nullptr);
+    out("status", launch_plain(d, ctx, kPlain));
+  } else if (scenario == "overflow") {
+    out("global_status", launch_plain(d, ctx, kHugeGlobalScratch, int64_t{1} << 24));
+    out("profile_status", launch_plain(d, ctx, kHugeProfileScratch, int64_t{1} << 24));
+    out("ctas_status", launch_plain(d, ctx, kFourCtas, INT64_MAX / 2));
+    out("grid_status", launch_plain(d, ctx, kFourCtas, int64_t{1} << 30));
+    out("scratch_calls", static_cast<long long>(ctx.scratch_sizes.size()));
+    // Below the limits the same binaries launch: the checks are not blanket refusals.
+    out("small_status", launch_plain(d, ctx, kHugeGlobalScratch, 2));
+    out("small_scratch", ctx.scratch_sizes.empty() ? 0 : static_cast<long long>(ctx.scratch_sizes.back()));
+  } else if (scenario == "rank") {
+    ctx.shapes = {{4, 8}, {16}};
+    ctx.data = {x.data(), x.data()};
+    out("ok_status", kl::check_ranks(ctx, 3, "add_kernel", {2, 1}));
+    out("rank_status", kl::check_ranks(ctx, 3, "add_kernel", {2, 2}));
+    out("count_status", kl::check_ranks(ctx, 3, "add_kernel", {2, 1, 1}));
+    try {
+      out("dim", ctx.dim(1, 1));
+    } catch (const kl::RankError& e) {
+      out("dim_error", e.what());
+    }
+    try {
+      out("dim", ctx.dim(2, 0));
+    } catch (const kl::RankError& e) {
+      out("dim_input_error", e.what());
+    }
+    try {
+      out("input", ctx.input(5) != nullptr);
+    } catch (const kl::RankError& e) {
+      out("input_error", e.what());
+    }
+    out("dim_ok", ctx.dim(0, 1));
+  } else if (scenario == "get_function_fail") {
+    f.fail("cuModuleGetFunction", 500);
+    out("status", launch_plain(d, ctx, kPlain));
+    out("last_unloaded", f.last_unloaded());
+  } else if (scenario == "shared") {
+    out("too_much_status", launch_plain(d, ctx, kTooMuchShared));
+    out("too_much_unloads", f.module_unloads());
+    out("big_status", launch_plain(d, ctx, kBigShared));
+    out("func_attribute", f.func_attribute_value());
+  } else if (scenario == "normal") {
+    const int sizes[] = {8, 4, 8, 8};  // x, n, then the hidden global and profile scratch pointers
+    f.set_param_sizes(sizes, 4);
+    void* xp = x.data();
+    int32_t n = 1234;
+    out("status", kl::launch(d, ctx, kPlain, 3, 2, 1, {&xp, &n}));
+    unsigned info[7] = {};
+    out("launch_module", f.launch_info(0, info));
+    out("grid", std::to_string(info[0]) + "," + std::to_string(info[1]) + "," + std::to_string(info[2]));
+    out("block", std::to_string(info[3]) + "," + std::to_string(info[4]) + "," + std::to_string(info[5]));
+    out("shared", info[6]);
+    unsigned char params[64];
+    int nbytes = f.launch_params(0, params, sizeof params);
+    out("params", hex(params, nbytes));
+    out("x_ptr", ptr_hex(xp));
+    out("scratch_sizes", ctx.scratch_sizes.size() == 1 ? static_cast<long long>(ctx.scratch_sizes[0]) : -1);
+    out("scratch_ptr", ptr_hex(ctx.scratch_ptrs.empty() ? nullptr : ctx.scratch_ptrs[0]));
+    out("image", std::string(reinterpret_cast<const char*>(f.module_image(0)), 16));
+    out("image_is_cubin", f.module_image_ptr(0) == static_cast<const void*>(kCubin));
+    out("function", f.last_function_name());
+    out("zero_grid_status", kl::launch(d, ctx, kPlain, 0, 2, 1, {&xp, &n}));
+    out("negative_grid_status", kl::launch(d, ctx, kPlain, -1, 2, 1, {&xp, &n}));
+  } else if (scenario == "ptx_fallback") {
+    out("status", launch_plain(d, ctx, kSm80));
+    out("image_is_ptx", f.module_image_ptr(0) == static_cast<const void*>(kPtx));
+  } else if (scenario == "copy") {
+    std::vector<char> y(256, 0);
+    out("status", kl::copy_device(d, ctx, y.data(), x.data(), y.size()));
+    out("copied", y[255]);
+#ifdef KL_HARNESS_GENERATED
+  } else if (scenario.rfind("gen_", 0) == 0) {  // launch 0 of the generated model, inputs x, y
+    std::vector<char> y(8192, 1), big_x(8192, 2);
+    ctx.shapes = {{1000}, {1000}};
+    ctx.data = {big_x.data(), y.data()};
+    if (scenario == "gen_push_fail") {
+      f.set_context(kCtxB, 7);
+      f.fail("cuCtxPushCurrent_v2", 201);
+    } else if (scenario == "gen_rank") {
+      ctx.shapes = {{}, {1000}};  // x is a scalar: the model reads its dim 0
+    } else if (scenario != "gen_ok") {
+      std::fprintf(stderr, "harness: unknown scenario %s\n", scenario.c_str());
+      return 2;
+    }
+    const int sizes[] = {8, 8, 8};  // x_ptr, y_ptr, out_ptr
+    f.set_param_sizes(sizes, 3);
+    out("launch_count", kl::launch_count());
+    try {
+      out("status", kl::run_launch(0, ctx));
+    } catch (const std::exception& e) {
+      out("exception", e.what());
+    }
+    unsigned info[7] = {};
+    if (f.launch_info(0, info) >= 0) {
+      out("grid", std::to_string(info[0]) + "," + std::to_string(info[1]) + "," + std::to_string(info[2]));
+      unsigned char params[64];
+      out("params", hex(params, f.launch_params(0, params, sizeof params)));
+      out("expected_params", ptr_hex(big_x.data()) + ptr_hex(y.data()) +
+                                 ptr_hex(ctx.outputs.empty() ? nullptr : ctx.outputs[0]));
+    }
+#endif
+  } else {
+    std::fprintf(stderr, "harness: unknown scenario %s\n", scenario.c_str());
+    return 2;
+  }
+  counts(f);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: harness <scenario>\n");
+    return 2;
+  }
+  return run(argv[1]);
+}
