@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs on the GPU host after staging (see ../shared/docs/environment.md). Usage:
+#   bash scripts/gpu_suite.sh PART        PART: ort | capture | all
+# Logs and a JUnit XML go to $OUT (or ./gpu_out). kernel_lens runs from src/; its entry points
+# (the target registry) come from a minimal dist-info, so nothing is pip-installed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source /tmp/kl-stage/env.sh
+out=${OUT:-gpu_out}; mkdir -p "$out"
+ep=/tmp/kl-ep/kernel_lens-0.1.0.dist-info
+mkdir -p "$ep"
+printf 'Metadata-Version: 2.1\nName: kernel_lens\nVersion: 0.1.0\n' > "$ep/METADATA"
+printf '[kernel_lens.targets]\nort = kernel_lens.targets.ort:OrtTarget\n' > "$ep/entry_points.txt"
+export PYTHONPATH="$PWD/src:/tmp/kl-ep:$PYTHONPATH"
+{
+  date -u; nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader
+  python3 -c "import sys, torch, triton, onnxruntime, pydantic; print(sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'onnxruntime', onnxruntime.__version__, 'pydantic', pydantic.VERSION)"
+} > "$out/env.txt" 2>&1
+case "${1:-all}" in
+  ort) tests=(tests/gpu/test_gpu_ort.py) ;;
+  capture) tests=(tests/gpu/test_gpu_capture.py tests/test_corpus.py tests/test_capture.py tests/test_hardening.py tests/test_runtime_cpp.py) ;;
+  *) tests=(tests/gpu tests/test_corpus.py tests/test_capture.py tests/test_hardening.py) ;;
+esac
+python3 -m pytest -q -s -p no:cacheprovider "${tests[@]}" --junitxml="$out/junit-${1:-all}.xml" > "$out/pytest-${1:-all}.log" 2>&1
+rc=$?
+grep -E "max_abs_diff" "$out/pytest-${1:-all}.log" | awk '{split($NF,a,"=");} {print}' > "$out/diffs-${1:-all}.txt"
+tail -25 "$out/pytest-${1:-all}.log"
+exit $rc
