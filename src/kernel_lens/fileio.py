@@ -16,7 +16,7 @@ from pathlib import Path
 from .errors import OutputPathError
 
 
-def _umask() -> int:
+def umask() -> int:
     """The process umask, read without changing it (os.umask would, racing other threads)."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -64,7 +64,7 @@ def atomic_write(path: str | Path, data: bytes | str, mode: int | None = None) -
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
-        os.chmod(tmp, (0o666 if mode is None else mode) & ~_umask())
+        os.chmod(tmp, (0o666 if mode is None else mode) & ~umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -79,7 +79,7 @@ def atomic_copy(src: str | Path, path: str | Path, mode: int = 0o755) -> Path:
     try:
         with os.fdopen(fd, "wb") as out, open(src, "rb") as inp:
             shutil.copyfileobj(inp, out)
-        os.chmod(tmp, mode & ~_umask())
+        os.chmod(tmp, mode & ~umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -43,7 +43,7 @@ from pathlib import Path, PurePosixPath
 from typing import Iterator, Mapping, Sequence
 
 from kernel_lens.errors import BuildError, CacheError, ToolchainError
-from kernel_lens.fileio import atomic_write
+from kernel_lens.fileio import atomic_write, umask
 from kernel_lens.toolchain.compilers import find_cxx, toolchain_id
 from kernel_lens.toolchain.headers import header_fingerprint
 
@@ -67,17 +67,6 @@ HASH_SUFFIX = ".sha256"  # <name>.so.sha256: the library's sha256, recorded when
 # libstdc++'s #include_next, and they are searched anyway.
 _DEFAULT_INCLUDE_DIRS = {Path("/usr/include"), Path("/usr/local/include"),
                          Path("/usr/include") / f"{platform.machine()}-linux-gnu"}
-
-
-def _umask() -> int:
-    """The process umask, read without changing it (os.umask would, racing other threads)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0o022
 
 
 def build_cache_dir(cache_dir: Path | None = None) -> Path:
@@ -320,7 +309,7 @@ def _compile(name: str, sources: Mapping[str, str], units: list[str], cxx: str, 
             shutil.rmtree(kept, ignore_errors=True)
             kept.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(work), str(kept))
-            os.chmod(kept, 0o777 & ~_umask())  # mkdtemp made it 0700
+            os.chmod(kept, 0o777 & ~umask())  # mkdtemp made it 0700
             # The command as run, its temporary output renamed so it can be rerun in the kept folder.
             rerun = [f"{name}.so" if arg == str(tmp_out) else arg for arg in cmd]
             command = f"cd {shlex.quote(str(kept))} && {shlex.join(rerun)}"
@@ -331,7 +320,7 @@ def _compile(name: str, sources: Mapping[str, str], units: list[str], cxx: str, 
                 f"command: {command}\n"
                 f"{_trim(proc.stderr or proc.stdout or '(no compiler output)', kept / 'stderr.txt')}\n"
                 f"the failing sources are kept in {kept}")
-        os.chmod(tmp_out, 0o755 & ~_umask())  # mkstemp made it 0600; never group/world-writable
+        os.chmod(tmp_out, 0o755 & ~umask())  # mkstemp made it 0600; never group/world-writable
         if lib.is_dir() and not lib.is_symlink():
             raise CacheError(f"cannot replace the build cache entry {lib}: it is a folder; remove it")
         digest = hashlib.sha256(tmp_out.read_bytes()).hexdigest()
