@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .errors import ArtifactError, IRError, KernelLensError, OutputPathError
-from .fileio import atomic_write, ensure_folder, inside
+from .fileio import atomic_copy, atomic_write, ensure_folder, inside
 from .frontends.aot import compile_binary
 from .frontends.lift import lift_with_outputs
 from .ir import GraphIR
@@ -30,7 +30,8 @@ class CompiledModel:
     example_outputs: Any = None  # what the eager forward returned during capture
     timings: list[PassTiming] = field(default_factory=list)
     artifacts: dict[str, Path] = field(default_factory=dict)
-    _runner: Any = field(default=None, repr=False)
+    cuda_graph: bool = False  # the default of run(cuda_graph=...)
+    _runners: dict[tuple[str, bool], Any] = field(default_factory=dict, repr=False)
 
     def summary(self) -> str:
         return summarize(self.ir, self.timings)
@@ -63,16 +64,49 @@ class CompiledModel:
                      json.dumps({"name": stem, "artifacts": manifest}, indent=1))
         return dict(self.artifacts)
 
-    def run(self, *tensors: Any, out: Any = None) -> Any:
-        """Run the compiled model (ONNX Runtime, CUDA EP) on torch CUDA tensors."""
-        if self._runner is None:
-            if "ort.onnx" not in self.artifacts or "ort.library" not in self.artifacts:
-                raise KernelLensError("this model was not built for the 'ort' target; compile with "
-                                      "targets=['ort'] and an output_dir")
-            from .runtime.ort import OrtModel
+    def backends(self) -> list[str]:
+        """Targets whose artifacts this model has (each may have a runner)."""
+        return sorted({kind.split(".", 1)[0] for kind in self.artifacts if "." in kind})
 
-            self._runner = OrtModel(self.ir, self.artifacts["ort.onnx"], self.artifacts["ort.library"])
-        return self._runner.run(*tensors, out=out)
+    def runner(self, backend: str | None = None, *, cuda_graph: bool | None = None) -> Any:
+        """The target's runner over this model's artifacts (made once, then reused)."""
+        from .targets.base import get_target
+
+        built = self.backends()
+        if backend is None:
+            if len(built) != 1:
+                raise KernelLensError(
+                    f"{self.ir.name}: " + (f"built for {built}; pick one with backend=" if built else
+                                           "no target was built; compile with targets=['ort']"))
+            backend = built[0]
+        if backend not in built:
+            raise KernelLensError(f"{self.ir.name} was not built for backend {backend!r} (built: "
+                                  f"{built or 'none'}); compile with targets=[{backend!r}]")
+        graph = self.cuda_graph if cuda_graph is None else bool(cuda_graph)
+        key = (backend, graph)
+        if key not in self._runners:
+            prefix = f"{backend}."
+            artifacts = {k[len(prefix):]: v for k, v in self.artifacts.items() if k.startswith(prefix)}
+            options = {"cuda_graph": True} if graph else {}
+            self._runners[key] = get_target(backend).runner(self.ir, artifacts, **options)
+        return self._runners[key]
+
+    def run(self, *tensors: Any, out: Any = None, backend: str | None = None,
+            cuda_graph: bool | None = None) -> Any:
+        """Run the compiled model on torch CUDA tensors with a target's runner (``backend``:
+        default, the only target built; ``cuda_graph``: the ORT CUDA-graph mode)."""
+        return self.runner(backend, cuda_graph=cuda_graph).run(*tensors, out=out)
+
+    def save(self, directory: str | Path) -> "CompiledModel":
+        """Copy the artifacts (and a manifest) into ``directory``; returns the saved model."""
+        directory = ensure_folder(directory)
+        saved: dict[str, Path] = {}
+        for kind, path in self.artifacts.items():
+            saved[kind] = atomic_copy(path, inside(directory, path.name), mode=0o644 if path.suffix
+                                      != ".so" else 0o755)
+        atomic_write(inside(directory, MANIFEST), json.dumps(
+            {"name": self.ir.name, "artifacts": {k: v.name for k, v in saved.items()}}, indent=1))
+        return CompiledModel(self.ir, self.example_outputs, list(self.timings), saved, self.cuda_graph)
 
 
 def _manifest_path(directory: Path, manifest_path: Path, kind: object, rel: object) -> Path:
@@ -94,7 +128,7 @@ def _manifest_path(directory: Path, manifest_path: Path, kind: object, rel: obje
     return path
 
 
-def load(directory: str | Path) -> CompiledModel:
+def load(directory: str | Path, *, cuda_graph: bool = False) -> CompiledModel:
     """Reopen a compiled artifact folder without recompiling anything.
 
     The manifest and IR are data: they are validated, never executed. Only the artifacts the
@@ -124,7 +158,51 @@ def load(directory: str | Path) -> CompiledModel:
         ir = GraphIR.load(artifacts["ir"])
     except IRError as exc:
         raise ArtifactError(f"{artifacts['ir']}: {exc}") from None
-    return CompiledModel(ir, artifacts=artifacts)
+    return CompiledModel(ir, artifacts=artifacts, cuda_graph=cuda_graph)
+
+
+def artifact_cache_dir() -> Path:
+    """Where compile() without output_dir keeps artifacts: <build cache>/artifacts."""
+    from .toolchain.build import build_cache_dir
+
+    return build_cache_dir() / "artifacts"
+
+
+def _compile_into_cache(compiled: CompiledModel, targets: list[str]) -> CompiledModel:
+    """Write the artifacts into a content-addressed folder of the cache (reused when present)."""
+    import hashlib
+    import os
+    import shutil
+    import tempfile
+
+    from . import __version__
+    from .errors import CacheError
+
+    key = hashlib.sha256(json.dumps({"ir": compiled.ir.to_json(indent=None), "targets": sorted(targets),
+                                     "kernel_lens": __version__}, sort_keys=True).encode()).hexdigest()
+    root = ensure_folder(artifact_cache_dir())
+    final = root / key[:24]
+    if final.exists():
+        info = os.lstat(final)
+        if final.is_symlink() or info.st_uid != os.geteuid():
+            raise CacheError(f"artifact cache entry {final} is a link or not yours; remove it or set "
+                             f"KERNEL_LENS_CACHE to a folder of your own")
+        reused = load(final)
+        reused.example_outputs, reused.timings = compiled.example_outputs, compiled.timings
+        return reused
+    work = Path(tempfile.mkdtemp(prefix=f".{key[:12]}.", dir=root))
+    try:
+        compiled.write(work, targets)
+        try:
+            os.replace(work, final)  # atomic; another process may have won the race
+        except OSError:
+            if not final.is_dir():
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    reused = load(final)
+    reused.example_outputs, reused.timings = compiled.example_outputs, compiled.timings
+    return reused
 
 
 def pass_context(options: dict | None = None) -> PassContext:
@@ -146,8 +224,6 @@ def compile(model: Callable, example_inputs: Iterable[Any], *, dynamic_shapes: A
     ``targets`` (e.g. ``["ort"]``) are built into ``output_dir``.
     """
     targets = list(targets)
-    if targets and output_dir is None:
-        raise KernelLensError(f"targets {targets} write files: pass output_dir=")
     if output_dir is not None and Path(output_dir).exists() and not Path(output_dir).is_dir():
         ensure_folder(output_dir)  # refused before any work starts
     ir, outputs = lift_with_outputs(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes,
@@ -155,6 +231,8 @@ def compile(model: Callable, example_inputs: Iterable[Any], *, dynamic_shapes: A
     pm = pass_manager or default_pipeline()
     ir = pm.run(ir, pass_context(options), stop_after=stop_after, dump_after=dump_after, dump=dump)
     compiled = CompiledModel(ir, outputs, list(pm.timings))
+    if targets and output_dir is None:  # like torch.compile: artifacts live in the cache
+        return _compile_into_cache(compiled, targets)
     if output_dir is not None:
         compiled.write(output_dir, targets)
     return compiled

@@ -3,26 +3,81 @@
 Inputs and outputs are bound with IOBinding to torch's memory; the session runs on torch's
 current CUDA stream (ORT's ``user_compute_stream``), so no synchronization is added and the
 custom ops launch on the same stream torch uses.
+
+The call path is lean: everything that does not depend on the call's tensors (dtype codes,
+rank and dim checks, output-shape evaluators as exact integer closures) is computed once, and
+a binding is only re-made for a tensor whose pointer or shape changed since the last call.
+
+With ``cuda_graph=True`` the session uses ORT's CUDA-graph mode: per distinct input shape the
+runtime owns static input and output buffers bound once, and ORT captures one graph for them
+(run option ``gpu_graph_id``) and replays it on later calls. Inputs are copied into the static
+buffers and outputs out of them on torch's stream, unless the caller passes the static buffers
+themselves (:meth:`OrtModel.cuda_graph_buffers`), which makes a call copy nothing.
 """
 
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
-import sympy
 import torch
 
 from ..errors import InputError, KernelLensError
 from ..ir import DType, GraphIR, parse
 from ..ir.types import torch_name
 from ..onnx import onnx_dtype
+from .evaluate import evaluator
+
+Shape = tuple[int, ...]
+
+
+@dataclass
+class _Input:
+    name: str
+    dtype: torch.dtype
+    code: int                                  # ONNX element type, for IOBinding
+    rank: int
+    checks: list[tuple[int, Callable | int, str]]  # (dim, expected: int or evaluator, IR text)
+
+
+@dataclass
+class _Output:
+    name: str                                  # the ONNX graph's output name
+    dtype: torch.dtype
+    code: int
+    dims: list[Callable]                       # evaluators of the symbol values
+
+
+@dataclass
+class _Graph:
+    """One captured ORT CUDA graph: its static buffers, binding and run options."""
+
+    inputs: list[torch.Tensor]
+    outputs: list[torch.Tensor]
+    mutated: list[torch.Tensor]
+    binding: object
+    run_options: object
+
+
+@dataclass
+class _Session:
+    session: object
+    binding: object
+    bound: dict[str, tuple[int, Shape]] = field(default_factory=dict)
+    graphs: dict[tuple, _Graph] = field(default_factory=dict)
+
+
+def _torch_dtype(dtype: DType) -> torch.dtype:
+    return getattr(torch, torch_name(dtype))
+
 
 class OrtModel:
     """An ONNX Runtime session over a compiled model, called with torch CUDA tensors."""
 
-    def __init__(self, ir: GraphIR, onnx_path: str | Path, library_path: str | Path) -> None:
+    def __init__(self, ir: GraphIR, onnx_path: str | Path, library_path: str | Path, *,
+                 cuda_graph: bool = False) -> None:
         try:
             import onnxruntime as ort
         except ImportError:
@@ -33,29 +88,41 @@ class OrtModel:
                 f"({ort.get_available_providers()}); install onnxruntime-gpu")
         self._ort = ort
         self.ir = ir
+        self.cuda_graph = bool(cuda_graph)
         self.onnx_path, self.library_path = str(onnx_path), str(library_path)
         names = list(ir.symbols)
-        self._shape_fns = {
-            name: [sympy.lambdify(list(map(sympy.Symbol, names)), parse(s, names), "math")
-                   for s in ir.values[name].shape] for name in ir.outputs}
-        self._sessions: dict[tuple[int, int], object] = {}
+        sources = {(info.input, info.dim) for info in ir.symbols.values()
+                   if info.scale == 1 and info.offset == 0}
+        self._inputs = []
+        for i, name in enumerate(ir.inputs):
+            value = ir.values[name]
+            checks = []
+            for d, text in enumerate(value.shape):
+                if (i, d) in sources:
+                    continue  # read, not checked: it defines its symbol
+                expr = parse(text)
+                checks.append((d, int(expr) if expr.is_Integer else evaluator(expr, names), text))
+            self._inputs.append(_Input(name, _torch_dtype(value.dtype), onnx_dtype(value.dtype),
+                                       len(value.shape), checks))
+        self._symbols = [(sym, info.input, info.dim, info.scale, info.offset, info.min, info.max)
+                         for sym, info in ir.symbols.items()]
+        self._outputs = [
+            _Output(f"output_{i}", _torch_dtype(ir.values[name].dtype), onnx_dtype(ir.values[name].dtype),
+                    [evaluator(parse(s), names) for s in ir.values[name].shape])
+            for i, name in enumerate(ir.outputs)]
+        self._mutated = [(o, ir.inputs.index(o.removeprefix("mutated_"))) for o in self._graph_outputs()
+                         if o.startswith("mutated_")]
+        self._sessions: dict[tuple[int, int], _Session] = {}
         self._side_streams: dict[int, torch.cuda.Stream] = {}
         self._lock = threading.Lock()  # one IOBinding per session: bind + run must not interleave
-        # Per input dim: an int, or a function of the symbol values (checked on every call).
-        self._dims = [[int(t) if t.lstrip("-").isdigit() else
-                       sympy.lambdify(list(map(sympy.Symbol, names)), parse(t, names), "math")
-                       for t in ir.values[n].shape] for n in ir.inputs]
         self._run_options = ort.RunOptions()
         # Work stays queued on torch's stream: no device synchronization at the end of Run.
         self._run_options.add_run_config_entry("disable_synchronize_execution_providers", "1")
-        model_outputs = [f"output_{i}" for i in range(len(ir.outputs))]
-        self._mutated = [o.name for o in self._session_meta() if o.name.startswith("mutated_")]
-        self._output_names = model_outputs
 
-    def _session_meta(self):
+    def _graph_outputs(self) -> list[str]:
         import onnx
 
-        return onnx.load(self.onnx_path, load_external_data=False).graph.output
+        return [o.name for o in onnx.load(self.onnx_path, load_external_data=False).graph.output]
 
     def _stream(self, device: torch.device) -> torch.cuda.Stream:
         """The stream ORT runs on: torch's current one, or, when that is the legacy default
@@ -67,7 +134,7 @@ class OrtModel:
             self._side_streams[device.index] = torch.cuda.Stream(device)
         return self._side_streams[device.index]
 
-    def session(self, device: torch.device, stream: torch.cuda.Stream):
+    def session(self, device: torch.device, stream: torch.cuda.Stream) -> _Session:
         key = (device.index, stream.cuda_stream)
         if key not in self._sessions:
             so = self._ort.SessionOptions()
@@ -77,103 +144,175 @@ class OrtModel:
             options = {"device_id": str(device.index),
                        "use_tf32": str(int(torch.backends.cuda.matmul.allow_tf32)),
                        "has_user_compute_stream": "1", "user_compute_stream": str(stream.cuda_stream)}
-            session = self._ort.InferenceSession(
-                self.onnx_path, so, providers=[("CUDAExecutionProvider", options)])
-            # One IOBinding per session, rebound on every call (creating one costs ~50 µs).
-            self._sessions[key] = (session, session.io_binding())
+            if self.cuda_graph:
+                options["enable_cuda_graph"] = "1"
+            try:
+                session = self._ort.InferenceSession(
+                    self.onnx_path, so, providers=[("CUDAExecutionProvider", options)])
+            except Exception as exc:  # ORT raises its own exception types
+                hint = (" (CUDA-graph mode needs every node on the CUDA EP and no host "
+                        "synchronization; run without cuda_graph=True)" if self.cuda_graph else "")
+                raise KernelLensError(f"ONNX Runtime cannot open {self.onnx_path}: {exc}{hint}") from None
+            self._sessions[key] = _Session(session, session.io_binding())
         return self._sessions[key]
 
     # --- validation --------------------------------------------------------------------------
-    def symbol_values(self, tensors: Sequence[torch.Tensor]) -> dict[str, int]:
-        ir = self.ir
-        if len(tensors) != len(ir.inputs):
-            raise InputError(f"{ir.name} takes {len(ir.inputs)} inputs ({', '.join(ir.inputs)}), "
-                             f"got {len(tensors)}")
+    def symbol_values(self, tensors: Sequence[torch.Tensor]) -> list[int]:
+        """The symbol values of a call (in the IR's symbol order), after checking every input."""
+        if len(tensors) != len(self._inputs):
+            raise InputError(f"{self.ir.name} takes {len(self._inputs)} inputs "
+                             f"({', '.join(self.ir.inputs)}), got {len(tensors)}")
         device = None
-        for name, t in zip(ir.inputs, tensors):
-            value = ir.values[name]
+        for spec, t in zip(self._inputs, tensors):
             if not isinstance(t, torch.Tensor):
-                raise InputError(f"input {name!r} must be a torch.Tensor, got {type(t).__name__}")
-            if t.device.type != "cuda":
-                raise InputError(f"input {name!r} is on {t.device}; move it to a CUDA device")
-            if device is not None and t.device != device:
-                raise InputError(f"input {name!r} is on {t.device}, other inputs on {device}")
-            device = t.device
-            if torch_name(value.dtype) != str(t.dtype).removeprefix("torch."):
-                raise InputError(f"input {name!r} has dtype {t.dtype}; the model was compiled for "
-                                 f"torch.{torch_name(value.dtype)}")
-            if t.dim() != len(value.shape):
-                raise InputError(f"input {name!r} has rank {t.dim()}, expected {len(value.shape)} "
-                                 f"(shape {value.shape})")
+                raise InputError(f"input {spec.name!r} must be a torch.Tensor, got {type(t).__name__}")
+            if not t.is_cuda:
+                raise InputError(f"input {spec.name!r} is on {t.device}; move it to a CUDA device")
+            if device is None:
+                device = t.device
+            elif t.device != device:
+                raise InputError(f"input {spec.name!r} is on {t.device}, other inputs on {device}")
+            if t.dtype != spec.dtype:
+                raise InputError(f"input {spec.name!r} has dtype {t.dtype}; the model was compiled for "
+                                 f"{spec.dtype}")
+            if t.dim() != spec.rank:
+                raise InputError(f"input {spec.name!r} has rank {t.dim()}, expected {spec.rank} "
+                                 f"(shape {self.ir.values[spec.name].shape})")
             if not t.is_contiguous():
-                raise InputError(f"input {name!r} is not contiguous; pass x.contiguous()")
-        values: dict[str, int] = {}
-        for sym, info in ir.symbols.items():
-            size = tensors[info.input].shape[info.dim]
-            value, rest = divmod(size - info.offset, info.scale)
-            if rest or value < info.min or (info.max is not None and value > info.max):
-                hi = "inf" if info.max is None else info.max
+                raise InputError(f"input {spec.name!r} is not contiguous; pass x.contiguous()")
+        values = []
+        for sym, i, d, scale, offset, lo, hi in self._symbols:
+            size = tensors[i].shape[d]
+            value, rest = divmod(size - offset, scale)
+            if rest or value < lo or (hi is not None and value > hi):
                 raise InputError(
-                    f"input {ir.inputs[info.input]!r} dim {info.dim} = {size}: dynamic dim {sym} "
-                    f"must be in [{info.min}, {hi}]" + (f" with size {info.scale}*{sym}+{info.offset}"
-                                                        if info.scale != 1 or info.offset else ""))
-            values[sym] = value
-        args = list(values.values())
-        for name, t, dims in zip(ir.inputs, tensors, self._dims):  # static and shared dims
-            for d, dim in enumerate(dims):
-                expected = dim if isinstance(dim, int) else int(dim(*args))
-                if t.shape[d] != expected:
-                    text = ir.values[name].shape[d]
-                    raise InputError(f"input {name!r} dim {d} is {t.shape[d]}, expected {text} = {expected}")
+                    f"input {self.ir.inputs[i]!r} dim {d} = {size}: dynamic dim {sym} must be in "
+                    f"[{lo}, {'inf' if hi is None else hi}]"
+                    + (f" with size {scale}*{sym}+{offset}" if scale != 1 or offset else ""))
+            values.append(value)
+        for spec, t in zip(self._inputs, tensors):  # static and shared dims
+            for d, expected, text in spec.checks:
+                want = expected if isinstance(expected, int) else expected(values)
+                if t.shape[d] != want:
+                    raise InputError(f"input {spec.name!r} dim {d} is {t.shape[d]}, expected {text} = {want}")
         return values
+
+    def output_shapes(self, values: Sequence[int]) -> list[Shape]:
+        return [tuple(f(values) for f in o.dims) for o in self._outputs]
 
     # --- running -----------------------------------------------------------------------------
     def run(self, *tensors: torch.Tensor, out: Sequence[torch.Tensor] | None = None):
-        ir = self.ir
         values = self.symbol_values(tensors)
         device = tensors[0].device
-        args = [values[n] for n in ir.symbols]
-        outputs = []
-        for i, name in enumerate(ir.outputs):
-            value = ir.values[name]
-            shape = tuple(int(f(*args)) for f in self._shape_fns[name])
-            dtype = getattr(torch, torch_name(value.dtype))
-            if out is not None:
-                t = out[i]
-                if tuple(t.shape) != shape or t.dtype != dtype or t.device != device or not t.is_contiguous():
-                    raise InputError(f"out[{i}] must be a contiguous {dtype} tensor of shape {shape} on {device}")
-            else:
-                t = torch.empty(shape, dtype=dtype, device=device)
-            outputs.append(t)
+        shapes = self.output_shapes(values)
+        if out is not None:
+            if len(out) != len(shapes):
+                raise InputError(f"out= holds {len(out)} tensors; {self.ir.name} has {len(shapes)} outputs")
+            for i, (t, shape, o) in enumerate(zip(out, shapes, self._outputs)):
+                if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != o.dtype \
+                        or t.device != device or not t.is_contiguous():
+                    raise InputError(f"out[{i}] must be a contiguous {o.dtype} tensor of shape {shape} "
+                                     f"on {device}")
         with self._lock:
-            return self._run_locked(tensors, outputs, device)
+            if self.cuda_graph:
+                outputs = self._run_graph(tensors, shapes, out, device)
+            else:
+                outputs = list(out) if out is not None else \
+                    [torch.empty(s, dtype=o.dtype, device=device) for s, o in zip(shapes, self._outputs)]
+                self._run_bound(tensors, outputs, device)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
-    def _run_locked(self, tensors, outputs, device):
-        ir = self.ir
+    @staticmethod
+    def _bind(state: _Session, binding, name: str, kind: str, device: torch.device, code: int,
+              t: torch.Tensor) -> None:
+        key = (t.data_ptr(), tuple(t.shape))
+        if state.bound.get(name) == key:
+            return
+        bind = binding.bind_input if kind == "in" else binding.bind_output
+        bind(name, "cuda", device.index, code, key[1], key[0])
+        state.bound[name] = key
+
+    def _run_bound(self, tensors, outputs, device) -> None:
         current = torch.cuda.current_stream(device)
         stream = self._stream(device)
-        session, binding = self.session(device, stream)
-        for name, t in zip(ir.inputs, tensors):
-            binding.bind_input(name, "cuda", device.index, _element_type(ir.values[name].dtype), tuple(t.shape), t.data_ptr())
-        for oname, t, name in zip(self._output_names, outputs, ir.outputs):
-            binding.bind_output(oname, "cuda", device.index, _element_type(ir.values[name].dtype), tuple(t.shape), t.data_ptr())
+        state = self.session(device, stream)
+        binding = state.binding
+        for spec, t in zip(self._inputs, tensors):
+            self._bind(state, binding, spec.name, "in", device, spec.code, t)
+        for o, t in zip(self._outputs, outputs):
+            self._bind(state, binding, o.name, "out", device, o.code, t)
         mutated = []
-        for oname in self._mutated:
-            src = tensors[ir.inputs.index(oname.removeprefix("mutated_"))]
-            new = torch.empty_like(src)
-            binding.bind_output(oname, "cuda", device.index, _element_type(ir.values[oname.removeprefix("mutated_")].dtype),
-                                tuple(new.shape), new.data_ptr())
-            mutated.append((src, new))
+        for oname, i in self._mutated:
+            new = torch.empty_like(tensors[i])
+            self._bind(state, binding, oname, "out", device, self._inputs[i].code, new)
+            mutated.append((tensors[i], new))
         if stream is not current:
             stream.wait_stream(current)  # inputs and outputs are ready on the caller's stream
-        session.run_with_iobinding(binding, self._run_options)
+        state.session.run_with_iobinding(binding, self._run_options)
         if stream is not current:
             current.wait_stream(stream)  # the caller's later work sees the results
         for src, new in mutated:  # the model mutates these inputs: so does the compiled model
             src.copy_(new)
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
+    # --- CUDA graphs ---------------------------------------------------------------------------
+    def _graph(self, tensors, shapes, device) -> tuple[_Graph, torch.cuda.Stream]:
+        stream = self._stream(device)
+        state = self.session(device, stream)
+        key = tuple(tuple(t.shape) for t in tensors)
+        graph = state.graphs.get(key)
+        if graph is None:
+            inputs = [torch.empty(tuple(t.shape), dtype=s.dtype, device=device)
+                      for t, s in zip(tensors, self._inputs)]
+            outputs = [torch.empty(shape, dtype=o.dtype, device=device)
+                       for shape, o in zip(shapes, self._outputs)]
+            mutated = [torch.empty_like(inputs[i]) for _, i in self._mutated]
+            binding = state.session.io_binding()
+            for spec, t in zip(self._inputs, inputs):
+                binding.bind_input(spec.name, "cuda", device.index, spec.code, tuple(t.shape), t.data_ptr())
+            for o, t in zip(self._outputs, outputs):
+                binding.bind_output(o.name, "cuda", device.index, o.code, tuple(t.shape), t.data_ptr())
+            for (oname, i), t in zip(self._mutated, mutated):
+                binding.bind_output(oname, "cuda", device.index, self._inputs[i].code, tuple(t.shape),
+                                    t.data_ptr())
+            run_options = self._ort.RunOptions()
+            run_options.add_run_config_entry("disable_synchronize_execution_providers", "1")
+            run_options.add_run_config_entry("gpu_graph_id", str(len(state.graphs) + 1))
+            graph = state.graphs[key] = _Graph(inputs, outputs, mutated, binding, run_options)
+        return graph, stream
 
-def _element_type(dtype: DType) -> int:
-    """ORT's IOBinding element type: the ONNX TensorProto code (covers bf16 and fp8 too)."""
-    return onnx_dtype(dtype)
+    def cuda_graph_buffers(self, *tensors: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The static input and output buffers of the CUDA graph for these inputs' shapes.
+
+        Fill the inputs in place and call ``run(*inputs, out=outputs)``: nothing is copied, and
+        the outputs are overwritten by the next call with the same shapes."""
+        if not self.cuda_graph:
+            raise KernelLensError("cuda_graph_buffers needs a model run with cuda_graph=True")
+        values = self.symbol_values(tensors)
+        with self._lock:
+            graph, _ = self._graph(tensors, self.output_shapes(values), tensors[0].device)
+        return list(graph.inputs), list(graph.outputs)
+
+    def _run_graph(self, tensors, shapes, out, device) -> list[torch.Tensor]:
+        graph, stream = self._graph(tensors, shapes, device)
+        current = torch.cuda.current_stream(device)
+        for static, t in zip(graph.inputs, tensors):
+            if static.data_ptr() != t.data_ptr():
+                static.copy_(t)
+        if stream is not current:
+            stream.wait_stream(current)
+        try:
+            self.session(device, stream).session.run_with_iobinding(graph.binding, graph.run_options)
+        except Exception as exc:  # ORT's own exception types
+            raise KernelLensError(f"ONNX Runtime failed in CUDA-graph mode: {exc}; models that "
+                                  f"synchronize with the host or place nodes on the CPU cannot be "
+                                  f"captured (run without cuda_graph=True)") from None
+        if stream is not current:
+            current.wait_stream(stream)
+        for (_, i), static in zip(self._mutated, graph.mutated):
+            tensors[i].copy_(static)
+        if out is None:
+            return [t.clone() for t in graph.outputs]
+        for dst, static in zip(out, graph.outputs):
+            if dst.data_ptr() != static.data_ptr():
+                dst.copy_(static)
+        return list(out)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar, Protocol, Sequence
 
 from ..errors import KernelLensError
 from ..ir import GraphIR
@@ -20,8 +20,14 @@ from ..ir import GraphIR
 GROUP = "kernel_lens.targets"
 
 
+class Runner(Protocol):
+    """What a target's runner does: run the compiled model on framework tensors."""
+
+    def run(self, *tensors: Any, out: Sequence[Any] | None = None) -> Any: ...
+
+
 class Target(ABC):
-    """A back-end: reads only the IR, writes artifacts into a folder."""
+    """A back-end: reads only the IR, writes artifacts into a folder, and may run them."""
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
@@ -29,6 +35,12 @@ class Target(ABC):
     @abstractmethod
     def build(self, ir: GraphIR, out_dir: Path) -> dict[str, Path]:
         """Write this target's artifacts for ``ir`` into ``out_dir``; return them by kind."""
+
+    def runner(self, ir: GraphIR, artifacts: dict[str, Path], **options: Any) -> Runner:
+        """A runner over the artifacts :meth:`build` returned (by kind). Targets that only
+        produce files for other tools keep this default."""
+        raise KernelLensError(f"target {self.name!r} builds artifacts but has no runner in "
+                              f"kernel_lens; use them with the tool they are for")
 
 
 _registered: dict[str, type[Target]] = {}

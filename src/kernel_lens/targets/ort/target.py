@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from ...errors import KernelLensError
 from ...fileio import atomic_copy, ensure_folder, inside
 from ...ir import GraphIR
 from ...onnx import lower_to_onnx, save_onnx
@@ -47,3 +48,14 @@ class OrtTarget(Target):
         lib_path = atomic_copy(library, inside(out_dir, f"libkl_{ir.name}_ort.so"))
         log.info("ort: wrote %s and %s", model_path, lib_path)
         return {"onnx": model_path, "library": lib_path}
+
+    def runner(self, ir: GraphIR, artifacts: dict[str, Path], *, cuda_graph: bool = False, **options):
+        from ...runtime.ort import OrtModel
+
+        if options:
+            raise KernelLensError(f"ort runner: unknown options {sorted(options)}; it takes cuda_graph")
+        missing = {"onnx", "library"} - set(artifacts)
+        if missing:
+            raise KernelLensError(f"ort runner: artifacts {sorted(missing)} missing; recompile with "
+                                  f"targets=['ort']")
+        return OrtModel(ir, artifacts["onnx"], artifacts["library"], cuda_graph=cuda_graph)

@@ -1,0 +1,178 @@
+"""The runtime's own speed on the GPU host, every row side by side in one run (CUDA events).
+
+    python benchmarks/bench_runtime.py OUT.json
+
+Rows: the fp16 LLaMA-style block (hidden 4096, 32 heads, FFN 11008) at 2048 and 8 tokens, and
+one RMSNorm kernel on 2048x4096 fp32. Columns: eager PyTorch + Triton, a CUDA graph of eager
+(torch.cuda.CUDAGraph, static input), torch.compile, kernel_lens `run()`, `run(cuda_graph=True)`
+(copies in and out), `run(cuda_graph=True)` on the runtime's static buffers (no copies), and the
+same artifacts through ORT driven by hand (`run_with_iobinding` on a pre-bound session, plain
+and in ORT's CUDA-graph mode). Host cost per call: wall time of back-to-back calls of `run()`
+and of a bare pre-bound `run_with_iobinding` on the same artifacts, for the small models.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "src"))
+
+import kernel_lens as kl  # noqa: E402
+from conftest import EXAMPLES, load_module  # noqa: E402
+
+block_mod = load_module(EXAMPLES / "llama_block.py")
+
+
+def timed(fn, warmup=20, iters=100, repeats=5):
+    """Median milliseconds per call over `repeats` batches of back-to-back calls."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    per_call = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        per_call.append(start.elapsed_time(end) / iters)
+    return statistics.median(per_call)
+
+
+def host_us(fn, iters=2000):
+    """Microseconds of host (wall) time per call, calls back to back, one sync at the end."""
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    best = []
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        best.append((time.perf_counter() - start) / iters * 1e6)
+        torch.cuda.synchronize()
+    return min(best)
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, hidden=4096):
+        super().__init__()
+        self.w = torch.nn.Parameter(1.0 + 0.1 * torch.randn(hidden, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, x):
+        return block_mod.rms_norm(x, self.w, 1e-6)
+
+
+def graph_of(model, x):
+    static_x = x.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            model(static_x)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_y = model(static_x)
+    return lambda: g.replay()
+
+
+def by_hand(compiled, x, cuda_graph):
+    """The same artifacts through ORT on a pre-bound IOBinding (what run() costs at the least)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(str(compiled.artifacts["ort.library"]))
+    stream = torch.cuda.current_stream()
+    opts = {"has_user_compute_stream": "1", "user_compute_stream": str(stream.cuda_stream),
+            "use_tf32": "0"}
+    if cuda_graph:
+        opts["enable_cuda_graph"] = "1"
+    sess = ort.InferenceSession(str(compiled.artifacts["ort.onnx"]), so,
+                                providers=[("CUDAExecutionProvider", opts)])
+    runner = compiled.runner()
+    y = torch.empty(runner.output_shapes(runner.symbol_values([x]))[0], dtype=x.dtype, device="cuda")
+    binding = sess.io_binding()
+    code = runner._inputs[0].code
+    binding.bind_input(compiled.ir.inputs[0], "cuda", 0, code, tuple(x.shape), x.data_ptr())
+    binding.bind_output("output_0", "cuda", 0, code, tuple(y.shape), y.data_ptr())
+    ro = ort.RunOptions()
+    ro.add_run_config_entry("disable_synchronize_execution_providers", "1")
+    return lambda: sess.run_with_iobinding(binding, ro)
+
+
+def row(label, model, x, compiled, host=False):
+    out = {"case": label}
+    cases = {
+        "eager": lambda: (lambda: model(x)),
+        "cuda_graph_eager": lambda: graph_of(model, x),
+        "torch_compile": lambda: (lambda c=torch.compile(model): (lambda: c(x)))(),
+        "run": lambda: (lambda: compiled.run(x)),
+        "run_cuda_graph": lambda: (lambda: compiled.run(x, cuda_graph=True)),
+        "run_cuda_graph_static": lambda: static_call(compiled, x),
+        "ort_by_hand": lambda: by_hand(compiled, x, False),
+        "ort_by_hand_cuda_graph": lambda: by_hand(compiled, x, True),
+    }
+    for name, make in cases.items():
+        try:
+            fn = make()
+            out[name + "_ms"] = round(timed(fn), 4)
+            if host and name in ("run", "ort_by_hand", "eager", "run_cuda_graph_static"):
+                out[name + "_host_us"] = round(host_us(fn), 1)
+        except Exception as exc:  # record and go on: one failing column must not lose the run
+            out[name + "_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            traceback.print_exc()
+        print(label, name, {k: v for k, v in out.items() if k.startswith(name)}, flush=True)
+    return out
+
+
+def static_call(compiled, x):
+    ins, outs = compiled.runner(cuda_graph=True).cuda_graph_buffers(x)
+    ins[0].copy_(x)
+    return lambda: compiled.run(*ins, out=outs, cuda_graph=True)
+
+
+def main(path):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    rows = []
+    env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    import onnxruntime
+    import triton
+    env.update(triton=triton.__version__, onnxruntime=onnxruntime.__version__)
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    norm = RMSNorm().cuda().eval()
+    x = torch.randn(2048, 4096, device="cuda", generator=g)
+    rows_dim = torch.export.Dim("rows", min=1, max=65536)
+    compiled = kl.compile(norm, (x.clone(),), dynamic_shapes=({0: rows_dim},), targets=["ort"])
+    rows.append(row("rmsnorm 2048x4096 fp32", norm, x, compiled, host=True))
+    Path(path).write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+
+    block = block_mod.LlamaBlock(hidden=4096, n_heads=32, intermediate=11008).cuda().half().eval()
+    seq = torch.export.Dim("seq", min=2, max=4096)
+    ex = torch.randn(1, 64, 4096, device="cuda", generator=g).half()
+    start = time.perf_counter()
+    compiled = kl.compile(block, (ex,), dynamic_shapes=({1: seq},), targets=["ort"])
+    env["block_compile_s"] = round(time.perf_counter() - start, 1)
+    with torch.no_grad():
+        for tokens in (8, 2048):
+            x = torch.randn(1, tokens, 4096, device="cuda", generator=g).half()
+            rows.append(row(f"block fp16 {tokens} tokens", block, x, compiled, host=tokens == 8))
+            Path(path).write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+    print(json.dumps({"env": env, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "runtime_results.json")
