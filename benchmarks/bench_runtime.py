@@ -1,6 +1,6 @@
 """The runtime's own speed on the GPU host, every row side by side in one run (CUDA events).
 
-    python benchmarks/bench_runtime.py OUT.json
+    python benchmarks/bench_runtime.py OUT.json [--profile]
 
 Rows: the fp16 LLaMA-style block (hidden 4096, 32 heads, FFN 11008) at 2048 and 8 tokens, and
 one RMSNorm kernel on 2048x4096 fp32. Columns: eager PyTorch + Triton, a CUDA graph of eager
@@ -143,6 +143,26 @@ def static_call(compiled, x):
     return lambda: compiled.run(*ins, out=outs, cuda_graph=True)
 
 
+def profile_run(compiled, x, calls=3000):
+    """Where the host time of run() goes (cProfile, top entries by own time)."""
+    import cProfile
+    import io
+    import pstats
+
+    for _ in range(100):
+        compiled.run(x)
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        compiled.run(x)
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(18)
+    print(text.getvalue())
+
+
 def main(path):
     torch.backends.cuda.matmul.allow_tf32 = False
     rows = []
@@ -157,6 +177,8 @@ def main(path):
     x = torch.randn(2048, 4096, device="cuda", generator=g)
     rows_dim = torch.export.Dim("rows", min=1, max=65536)
     compiled = kl.compile(norm, (x.clone(),), dynamic_shapes=({0: rows_dim},), targets=["ort"])
+    if "--profile" in sys.argv:
+        profile_run(compiled, x)
     rows.append(row("rmsnorm 2048x4096 fp32", norm, x, compiled, host=True))
     Path(path).write_text(json.dumps({"env": env, "rows": rows}, indent=1))
 
@@ -175,4 +197,5 @@ def main(path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "runtime_results.json")
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    main(args[0] if args else "runtime_results.json")

@@ -124,26 +124,29 @@ class OrtModel:
 
         return [o.name for o in onnx.load(self.onnx_path, load_external_data=False).graph.output]
 
-    def _stream(self, device: torch.device) -> torch.cuda.Stream:
-        """The stream ORT runs on: torch's current one, or, when that is the legacy default
-        stream (which ORT cannot be given), a side stream ordered against it with events."""
-        current = torch.cuda.current_stream(device)
-        if current.cuda_stream:
-            return current
-        if device.index not in self._side_streams:
-            self._side_streams[device.index] = torch.cuda.Stream(device)
-        return self._side_streams[device.index]
+    def _stream(self, index: int) -> tuple[int, torch.cuda.Stream | None]:
+        """The raw stream ORT runs on: torch's current one; when that is the legacy default
+        stream (which ORT cannot be given), a side stream ordered against it with events,
+        returned as the second item (None when no ordering is needed)."""
+        raw = torch._C._cuda_getCurrentRawStream(index)  # no Stream object: ~0.2 us
+        if raw:
+            return raw, None
+        if index not in self._side_streams:
+            self._side_streams[index] = torch.cuda.Stream(index)
+        side = self._side_streams[index]
+        return side.cuda_stream, side
 
-    def session(self, device: torch.device, stream: torch.cuda.Stream) -> _Session:
-        key = (device.index, stream.cuda_stream)
-        if key not in self._sessions:
+    def session(self, index: int, stream: int) -> _Session:
+        key = (index, stream)
+        state = self._sessions.get(key)
+        if state is None:
             so = self._ort.SessionOptions()
             so.log_severity_level = 3  # errors only
             so.register_custom_ops_library(self.library_path)
             # fp32 matmuls in ORT use TF32 by default; follow torch's setting instead.
-            options = {"device_id": str(device.index),
+            options = {"device_id": str(index),
                        "use_tf32": str(int(torch.backends.cuda.matmul.allow_tf32)),
-                       "has_user_compute_stream": "1", "user_compute_stream": str(stream.cuda_stream)}
+                       "has_user_compute_stream": "1", "user_compute_stream": str(stream)}
             if self.cuda_graph:
                 options["enable_cuda_graph"] = "1"
             try:
@@ -153,8 +156,8 @@ class OrtModel:
                 hint = (" (CUDA-graph mode needs every node on the CUDA EP and no host "
                         "synchronization; run without cuda_graph=True)" if self.cuda_graph else "")
                 raise KernelLensError(f"ONNX Runtime cannot open {self.onnx_path}: {exc}{hint}") from None
-            self._sessions[key] = _Session(session, session.io_binding())
-        return self._sessions[key]
+            state = self._sessions[key] = _Session(session, session.io_binding())
+        return state
 
     # --- validation --------------------------------------------------------------------------
     def symbol_values(self, tensors: Sequence[torch.Tensor]) -> list[int]:
@@ -162,16 +165,17 @@ class OrtModel:
         if len(tensors) != len(self._inputs):
             raise InputError(f"{self.ir.name} takes {len(self._inputs)} inputs "
                              f"({', '.join(self.ir.inputs)}), got {len(tensors)}")
-        device = None
+        device = -1
         for spec, t in zip(self._inputs, tensors):
             if not isinstance(t, torch.Tensor):
                 raise InputError(f"input {spec.name!r} must be a torch.Tensor, got {type(t).__name__}")
             if not t.is_cuda:
                 raise InputError(f"input {spec.name!r} is on {t.device}; move it to a CUDA device")
-            if device is None:
-                device = t.device
-            elif t.device != device:
-                raise InputError(f"input {spec.name!r} is on {t.device}, other inputs on {device}")
+            index = t.get_device()
+            if device < 0:
+                device = index
+            elif index != device:
+                raise InputError(f"input {spec.name!r} is on cuda:{index}, other inputs on cuda:{device}")
             if t.dtype != spec.dtype:
                 raise InputError(f"input {spec.name!r} has dtype {t.dtype}; the model was compiled for "
                                  f"{spec.dtype}")
@@ -233,9 +237,9 @@ class OrtModel:
         state.bound[name] = key
 
     def _run_bound(self, tensors, outputs, device) -> None:
-        current = torch.cuda.current_stream(device)
-        stream = self._stream(device)
-        state = self.session(device, stream)
+        index = device.index
+        stream, side = self._stream(index)
+        state = self.session(index, stream)
         binding = state.binding
         for spec, t in zip(self._inputs, tensors):
             self._bind(state, binding, spec.name, "in", device, spec.code, t)
@@ -246,18 +250,18 @@ class OrtModel:
             new = torch.empty_like(tensors[i])
             self._bind(state, binding, oname, "out", device, self._inputs[i].code, new)
             mutated.append((tensors[i], new))
-        if stream is not current:
-            stream.wait_stream(current)  # inputs and outputs are ready on the caller's stream
+        if side is not None:  # inputs and outputs are ready on the caller's stream
+            side.wait_stream(torch.cuda.current_stream(index))
         state.session.run_with_iobinding(binding, self._run_options)
-        if stream is not current:
-            current.wait_stream(stream)  # the caller's later work sees the results
+        if side is not None:  # the caller's later work sees the results
+            torch.cuda.current_stream(index).wait_stream(side)
         for src, new in mutated:  # the model mutates these inputs: so does the compiled model
             src.copy_(new)
 
     # --- CUDA graphs ---------------------------------------------------------------------------
-    def _graph(self, tensors, shapes, device) -> tuple[_Graph, torch.cuda.Stream]:
-        stream = self._stream(device)
-        state = self.session(device, stream)
+    def _graph(self, tensors, shapes, device) -> tuple[_Graph, _Session, torch.cuda.Stream | None]:
+        stream, side = self._stream(device.index)
+        state = self.session(device.index, stream)
         key = tuple(tuple(t.shape) for t in tensors)
         graph = state.graphs.get(key)
         if graph is None:
@@ -278,7 +282,7 @@ class OrtModel:
             run_options.add_run_config_entry("disable_synchronize_execution_providers", "1")
             run_options.add_run_config_entry("gpu_graph_id", str(len(state.graphs) + 1))
             graph = state.graphs[key] = _Graph(inputs, outputs, mutated, binding, run_options)
-        return graph, stream
+        return graph, state, side
 
     def cuda_graph_buffers(self, *tensors: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The static input and output buffers of the CUDA graph for these inputs' shapes.
@@ -289,25 +293,24 @@ class OrtModel:
             raise KernelLensError("cuda_graph_buffers needs a model run with cuda_graph=True")
         values = self.symbol_values(tensors)
         with self._lock:
-            graph, _ = self._graph(tensors, self.output_shapes(values), tensors[0].device)
+            graph, _, _ = self._graph(tensors, self.output_shapes(values), tensors[0].device)
         return list(graph.inputs), list(graph.outputs)
 
     def _run_graph(self, tensors, shapes, out, device) -> list[torch.Tensor]:
-        graph, stream = self._graph(tensors, shapes, device)
-        current = torch.cuda.current_stream(device)
+        graph, state, side = self._graph(tensors, shapes, device)
         for static, t in zip(graph.inputs, tensors):
             if static.data_ptr() != t.data_ptr():
                 static.copy_(t)
-        if stream is not current:
-            stream.wait_stream(current)
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream(device))
         try:
-            self.session(device, stream).session.run_with_iobinding(graph.binding, graph.run_options)
+            state.session.run_with_iobinding(graph.binding, graph.run_options)
         except Exception as exc:  # ORT's own exception types
             raise KernelLensError(f"ONNX Runtime failed in CUDA-graph mode: {exc}; models that "
                                   f"synchronize with the host or place nodes on the CPU cannot be "
                                   f"captured (run without cuda_graph=True)") from None
-        if stream is not current:
-            current.wait_stream(stream)
+        if side is not None:
+            torch.cuda.current_stream(device).wait_stream(side)
         for (_, i), static in zip(self._mutated, graph.mutated):
             tensors[i].copy_(static)
         if out is None:
