@@ -88,7 +88,7 @@ def graph_of(model, x):
     return lambda: g.replay()
 
 
-def by_hand(compiled, x, cuda_graph):
+def by_hand(compiled, x, cuda_graph, graph_id=None):
     """The same artifacts through ORT on a pre-bound IOBinding (what run() costs at the least)."""
     import onnxruntime as ort
 
@@ -109,6 +109,8 @@ def by_hand(compiled, x, cuda_graph):
     binding.bind_output("output_0", "cuda", 0, code, tuple(y.shape), y.data_ptr())
     ro = ort.RunOptions()
     ro.add_run_config_entry("disable_synchronize_execution_providers", "1")
+    if graph_id is not None:
+        ro.add_run_config_entry("gpu_graph_id", graph_id)
     return lambda: sess.run_with_iobinding(binding, ro)
 
 
@@ -122,13 +124,15 @@ def row(label, model, x, compiled, host=False):
         "run_cuda_graph": lambda: (lambda: compiled.run(x, cuda_graph=True)),
         "run_cuda_graph_static": lambda: static_call(compiled, x),
         "ort_by_hand": lambda: by_hand(compiled, x, False),
+        "ort_by_hand_graph_id_-1": lambda: by_hand(compiled, x, False, "-1"),
         "ort_by_hand_cuda_graph": lambda: by_hand(compiled, x, True),
     }
     for name, make in cases.items():
         try:
             fn = make()
             out[name + "_ms"] = round(timed(fn), 4)
-            if host and name in ("run", "ort_by_hand", "eager", "run_cuda_graph_static"):
+            if host and name in ("run", "ort_by_hand", "ort_by_hand_graph_id_-1", "eager",
+                                 "run_cuda_graph", "run_cuda_graph_static"):
                 out[name + "_host_us"] = round(host_us(fn), 1)
         except Exception as exc:  # record and go on: one failing column must not lose the run
             out[name + "_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
