@@ -1,204 +1,21 @@
 #!/usr/bin/env python3
 """Fetch the third-party C/C++ headers kernel_lens builds plugins against, into a local cache.
 
-kernel_lens never vendors third-party headers and never downloads anything at compile time:
-this script is the one explicit step that gets them, from package registries, and caches them.
+A thin wrapper, for a source checkout, around kernel_lens.toolchain.fetch_headers (the one copy of
+the logic, pinned sha256 digests included), which installed users run as `kernel_lens fetch-headers`.
+That module and what it imports are standard library only, so this script runs before kernel_lens
+(or torch) is installed: it puts this checkout's src/ first on sys.path.
 
-  DEST/onnxruntime/  ONNX Runtime 1.29 C/C++ API headers (ORT_API_VERSION 29, MIT) + LICENSE,
-                     from the npm package com.github.asus4.onnxruntime@0.4.9
-                     (package/Plugins/iOS~/onnxruntime.xcframework/ios-arm64/onnxruntime.framework/Headers/*.h)
-  DEST/tensorrt/     TensorRT 10.14.1 headers (Apache-2.0), from the PyPI wheel kernel-lens==2.0.1
-                     (kernel_lens/include/tensorrt/*.h; its NvInferPlugin.h is a stub, no NvOnnxParser.h)
-
-DEST defaults to $KERNEL_LENS_HEADERS, else ~/.cache/kernel_lens/headers. A part whose marker
-header already exists is skipped, so rerunning is cheap. Each part is extracted into a temporary
-folder next to its final place and renamed into place, so an interrupted run leaves no half folder.
-The downloaded archives are checked against pinned sha256 digests (registry versions are immutable).
-
-Usage: python scripts/fetch_headers.py [DEST] [--no-verify]
-Standard library only: it must run before kernel_lens is installed.
+Usage: python scripts/fetch_headers.py [DEST] [--ort] [--trt] [--dest DIR] [--no-verify]
+(no part: both; DEST defaults to $KERNEL_LENS_HEADERS, else ~/.cache/kernel_lens/headers).
 """
 
-from __future__ import annotations
-
-import argparse
-import hashlib
-import os
-import shutil
-import subprocess
 import sys
-import tarfile
-import tempfile
-import zipfile
 from pathlib import Path
 
-ORT_NPM_SPEC = "com.github.asus4.onnxruntime@0.4.9"
-ORT_NPM_SHA256 = "e59788788818fdde1b2e522e766a21ba0f7d8391de55737abf81e32cc801785d"
-ORT_HEADERS_PREFIX = "package/Plugins/iOS~/onnxruntime.xcframework/ios-arm64/onnxruntime.framework/Headers/"
-ORT_LICENSE_MEMBER = "package/LICENSE"
-ORT_MARKER = "onnxruntime_c_api.h"
-ORT_EXPECTED_API_VERSION = 29
-
-TRT_PYPI_SPEC = "kernel-lens==2.0.1"
-TRT_WHEEL_SHA256 = "07cc714e8b5e7f34b672f7c7fad93febe7c747be5837ba276b1527370134ffe0"
-TRT_HEADERS_PREFIX = "kernel_lens/include/tensorrt/"
-TRT_MARKER = "NvInfer.h"
-TRT_EXPECTED_VERSION = "10.14.1"
-
-
-class FetchError(Exception):
-    pass
-
-
-def default_dest() -> Path:
-    env = os.environ.get("KERNEL_LENS_HEADERS")
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".cache" / "kernel_lens" / "headers"
-
-
-def log(msg: str) -> None:
-    print(f"fetch_headers: {msg}", file=sys.stderr, flush=True)
-
-
-# --- version parsing: the project's own reader (stdlib-only; works without installing) ---
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from kernel_lens.toolchain.headers import ort_api_version, tensorrt_version  # noqa: E402
 
-
-# --- fetching ---
-
-def _run(cmd: list[str], cwd: Path, what: str, hint: str) -> subprocess.CompletedProcess:
-    try:
-        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-    except FileNotFoundError:
-        raise FetchError(f"{what}: '{cmd[0]}' not found on PATH. {hint}") from None
-    if proc.returncode != 0:
-        out = (proc.stderr.strip() or proc.stdout.strip() or "(no output)")
-        raise FetchError(f"{what} failed (exit {proc.returncode}): {' '.join(cmd)}\n{out}\n{hint}")
-    return proc
-
-
-def _check_sha256(path: Path, expected: str, verify: bool) -> None:
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    if verify and digest != expected:
-        raise FetchError(f"{path.name}: sha256 {digest} differs from the pinned {expected}; refusing "
-                         "to install headers from an unexpected archive (pass --no-verify to override)")
-
-
-def _install(dest: Path, name: str, files: dict[str, bytes]) -> Path:
-    """Write files into dest/name atomically (temp folder + rename)."""
-    final = dest / name
-    dest.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=dest))
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; the cache may be shared
-        for fname, data in files.items():
-            (tmp / fname).write_bytes(data)
-        if final.exists():  # an earlier, incomplete install (its marker is missing)
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return final
-
-
-def fetch_onnxruntime(dest: Path, verify: bool = True) -> Path:
-    final = dest / "onnxruntime"
-    if (final / ORT_MARKER).is_file():
-        log(f"ONNX Runtime headers already in {final}")
-        return final
-    log(f"npm pack {ORT_NPM_SPEC} (about 150 MB) ...")
-    with tempfile.TemporaryDirectory(prefix="kl_ort_") as tmpdir:
-        tmp = Path(tmpdir)
-        _run(["npm", "pack", "--silent", ORT_NPM_SPEC], tmp, f"npm pack {ORT_NPM_SPEC}",
-             "Install Node.js/npm and check that the npm registry is reachable, or set "
-             "ORT_INCLUDE_DIR to an existing ONNX Runtime include folder.")
-        tgzs = sorted(tmp.glob("*.tgz"))
-        if len(tgzs) != 1:
-            raise FetchError(f"npm pack {ORT_NPM_SPEC} produced {len(tgzs)} .tgz files in {tmp}, expected 1")
-        _check_sha256(tgzs[0], ORT_NPM_SHA256, verify)
-        files: dict[str, bytes] = {}
-        with tarfile.open(tgzs[0], mode="r|gz") as tar:  # streamed: one pass over the archive
-            for member in tar:
-                if not member.isfile():
-                    continue
-                if member.name == ORT_LICENSE_MEMBER:
-                    files["LICENSE"] = tar.extractfile(member).read()
-                elif member.name.startswith(ORT_HEADERS_PREFIX):
-                    rest = member.name[len(ORT_HEADERS_PREFIX):]
-                    if "/" not in rest and rest.endswith(".h"):
-                        files[rest] = tar.extractfile(member).read()
-    if ORT_MARKER not in files or "LICENSE" not in files:
-        raise FetchError(f"{ORT_NPM_SPEC}: {ORT_HEADERS_PREFIX}{ORT_MARKER} or {ORT_LICENSE_MEMBER} "
-                         "missing from the package")
-    final = _install(dest, "onnxruntime", files)
-    log(f"installed {len(files) - 1} ONNX Runtime headers + LICENSE into {final}")
-    return final
-
-
-def fetch_tensorrt(dest: Path, verify: bool = True) -> Path:
-    final = dest / "tensorrt"
-    if (final / TRT_MARKER).is_file():
-        log(f"TensorRT headers already in {final}")
-        return final
-    log(f"pip download {TRT_PYPI_SPEC} ...")
-    with tempfile.TemporaryDirectory(prefix="kl_trt_") as tmpdir:
-        tmp = Path(tmpdir)
-        _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-              "-d", str(tmp), TRT_PYPI_SPEC], tmp, f"pip download {TRT_PYPI_SPEC}",
-             "Check that pip works and PyPI is reachable, or set TENSORRT_INCLUDE_DIR to an "
-             "existing TensorRT include folder.")
-        wheels = sorted(tmp.glob("*.whl"))
-        if len(wheels) != 1:
-            raise FetchError(f"pip download {TRT_PYPI_SPEC} produced {len(wheels)} wheels in {tmp}, expected 1")
-        _check_sha256(wheels[0], TRT_WHEEL_SHA256, verify)
-        files: dict[str, bytes] = {}
-        with zipfile.ZipFile(wheels[0]) as zf:
-            for info in zf.infolist():
-                if info.is_dir() or not info.filename.startswith(TRT_HEADERS_PREFIX):
-                    continue
-                rest = info.filename[len(TRT_HEADERS_PREFIX):]
-                if "/" not in rest and rest.endswith(".h"):
-                    files[rest] = zf.read(info)
-    if TRT_MARKER not in files:
-        raise FetchError(f"{TRT_PYPI_SPEC}: {TRT_HEADERS_PREFIX}{TRT_MARKER} missing from the wheel")
-    final = _install(dest, "tensorrt", files)
-    log(f"installed {len(files)} TensorRT headers into {final}")
-    return final
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("dest", nargs="?", type=Path, default=None,
-                        help="cache folder (default: $KERNEL_LENS_HEADERS or ~/.cache/kernel_lens/headers)")
-    parser.add_argument("--no-verify", action="store_true",
-                        help="do not check the downloaded archives against the pinned sha256 digests")
-    args = parser.parse_args(argv)
-    dest = (args.dest.expanduser() if args.dest else default_dest()).absolute()
-    results, failed = {}, False
-    for part, fetch in (("onnxruntime", fetch_onnxruntime), ("tensorrt", fetch_tensorrt)):
-        try:
-            results[part] = fetch(dest, verify=not args.no_verify)
-        except FetchError as exc:  # still try the other part, then fail
-            print(f"fetch_headers: error: {exc}", file=sys.stderr)
-            failed = True
-    if failed:
-        return 1
-    ort, trt = results["onnxruntime"], results["tensorrt"]
-    api, trt_version = ort_api_version(ort), tensorrt_version(trt)
-    print(f"ORT_INCLUDE_DIR={ort}  (ORT_API_VERSION {api})")
-    print(f"TENSORRT_INCLUDE_DIR={trt}  (TensorRT {trt_version})")
-    if api != ORT_EXPECTED_API_VERSION:
-        log(f"warning: expected ORT_API_VERSION {ORT_EXPECTED_API_VERSION}, found {api} in {ort}")
-    if trt_version != TRT_EXPECTED_VERSION:
-        log(f"warning: expected TensorRT {TRT_EXPECTED_VERSION}, found {trt_version} in {trt}")
-    return 0
-
+from kernel_lens.toolchain.fetch_headers import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -494,3 +494,16 @@ def test_python_objects_are_sympified_or_rejected():
         to_cxx(1.5)
     with pytest.raises(SymbolicError, match="not an exact integer expression"):
         to_cxx("s0 + 1")
+
+
+def test_to_cxx_cache_keys_on_names_and_structure():
+    s = sympy.Symbol("s", integer=True, nonnegative=True)
+    assert to_cxx(2 * s, {s: "a"}) == to_cxx(2 * s, {s: "a"})
+    assert to_cxx(2 * s, {s: "a"}) != to_cxx(2 * s, {s: "b"})
+    assert "a" in to_cxx(2 * s, {s: "a"}) and "b" in to_cxx(2 * s, {s: "b"})
+    with pytest.raises(SymbolicError):
+        to_cxx(sympy.Float(2.0) * s)
+    with pytest.raises(SymbolicError):  # still refused the second time (errors are not cached)
+        to_cxx(2 * s, {s: ""})
+    with pytest.raises(SymbolicError):
+        to_cxx(2 * s, {s: ""})

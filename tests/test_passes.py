@@ -111,3 +111,32 @@ def test_ensures_is_checked(toy_ir):
 def test_unknown_dump_or_stop_pass_is_an_error(toy_ir):
     with pytest.raises(PassError, match="no pass named 'nope'"):
         default_pipeline().run(toy_ir, PassContext(), stop_after="nope")
+
+
+def test_canonical_is_cached_but_errors_name_each_place():
+    from kernel_lens.errors import SymbolicError
+    from kernel_lens.passes.grid_canonicalization import canonical
+
+    assert canonical("2*(s + 1) - 2", ["s"], "here") == "2*s"
+    assert canonical("2*(s + 1) - 2", ["s"], "there") == "2*s"
+    for where in ("launch 0 grid", "tensor x shape"):
+        with pytest.raises(SymbolicError, match=rf"^{where}: t \+ 1 uses \['t'\]"):
+            canonical("t + 1", ["s"], where)
+
+
+def test_order_without_networkx_matches_the_dependency_graph():
+    class Make(Pass):
+        def run(self, ir, ctx):
+            return PassResult(ir, False)
+
+    def make(name, requires=(), provides=()):
+        return type(name, (Make,), {"name": name, "requires": frozenset(requires),
+                                    "provides": frozenset(provides)})()
+
+    pm = PassManager([make("late", requires={"b"}), make("b-maker", requires={"a"}, provides={"b"}),
+                      make("free"), make("a-maker", provides={"a"})])
+    assert [p.name for p in pm.order()] == ["free", "a-maker", "b-maker", "late"]
+    pm.add(make("loop", requires={"c"}, provides={"a"}), after="late")
+    pm.add(make("c-maker", requires={"b"}, provides={"c"}))
+    with pytest.raises(PassError, match="cycle"):
+        pm.order()

@@ -83,6 +83,17 @@ def _parser() -> argparse.ArgumentParser:
                       help="build this target too (e.g. ort); repeatable; see `kernel_lens targets`")
     comp.add_argument("--dump-after", metavar="PASS", action="append", default=[],
                       help="also write the IR after this pass into the output directory")
+
+    from .toolchain.fetch_headers import add_arguments as _fetch_headers_args  # standard library only
+
+    fetch = sub.add_parser(
+        "fetch-headers", help="download the ONNX Runtime / TensorRT headers plugins build against",
+        description="Download the ONNX Runtime and TensorRT C/C++ headers from the npm registry / "
+                    "PyPI (pinned versions, checked against pinned sha256 digests) into the cache "
+                    "kernel_lens looks in. Neither --ort nor --trt: both.")
+    _fetch_headers_args(fetch)
+    sub.add_parser("doctor", help="report the environment (versions, GPUs, compilers, headers) "
+                                  "for a bug report; exit status 0 when the ort target can be built")
     return parser
 
 
@@ -161,7 +172,24 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fetch_headers(args: argparse.Namespace) -> int:
+    from .toolchain.fetch_headers import run
+
+    return run(args, prog="kernel_lens", error_status=2, log_prefix="kernel_lens fetch-headers")
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from .doctor import report
+
+    text, status = report()
+    print(text)
+    return status
+
+
 def main(argv: list[str] | None = None) -> int:
+    from . import _gc
+
+    _gc.FREEZE = True  # our own process: long-lived imports skip later GC passes (see _gc)
     parser = _parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose or args.debug else logging.WARNING,
@@ -172,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("kernel_lens.toolchain.build", "kernel_lens.frontends.aot", "kernel_lens.compiler"):
             logging.getLogger(name).setLevel(logging.INFO)
     handlers = {"dump-ir": cmd_dump_ir, "passes": cmd_passes, "compile": cmd_compile,
-                "targets": cmd_targets}
+                "targets": cmd_targets, "fetch-headers": cmd_fetch_headers, "doctor": cmd_doctor}
     try:
         return handlers[args.command](args)
     except KernelLensError as exc:

@@ -3,18 +3,37 @@
 The signature, constexprs and attributes are rebuilt from the IR and handed to Triton's own
 ``_pack_args``/``triton.compile``, the path Triton's JIT takes, so the binary is the one the
 JIT would have produced for inputs meeting the same assumptions. No GPU is needed.
+
+Compiled binaries are also kept in a content-addressed cache of our own,
+``<kernel_lens cache>/aot/<key>.json``, so a recompile with nothing changed skips
+``triton.compile`` entirely (whose own cache lookup hashes Triton's whole installation, the
+400 MB ``libtriton.so`` included, once per process). The key covers what Triton's key covers:
+the kernel's source with its dependencies and the globals it uses (``JITFunction.cache_key``),
+the signature, constexprs and attributes, the parsed options, the backend (arch and ``ptxas``
+version), Triton's cache-invalidating environment variables, and Triton's version and
+installation (``libtriton`` path, size and mtime). An entry is used only if it is a regular file
+(not a link) owned by the current user and not writable by others, its recorded sha256 matches
+its content and it names the key it is looked up under; anything else is recompiled and
+replaced (written atomically). Triton's override/dump/always-compile knobs bypass the cache.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
 import logging
+import os
 import re
+import sysconfig
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import triton
 from triton.compiler import ASTSource
 
-from ..errors import CompilationError
+from ..errors import CacheError, CompilationError
 from ..ir import AbiParam, DType, KernelBinary, KernelIR, ParamKind, Specialization
 from . import triton_compat as tc
 from .source import resolve_jit
@@ -76,6 +95,118 @@ def ptx_entry_param_count(ptx: str, entry: str) -> int:
     return len(re.findall(r"\.param\s", match.group(1)))
 
 
+_CACHE_SCHEMA = "kernel_lens.aot/1"
+# What a cache entry keeps of Triton's CompiledKernel: the assembly and the metadata we read.
+_MD_FIELDS = ("name", "num_warps", "num_ctas", "shared", "global_scratch_size", "global_scratch_align",
+              "profile_scratch_size", "profile_scratch_align")
+_MD_DEFAULTS = {"profile_scratch_size": 0, "profile_scratch_align": 1}  # older Tritons lack them
+
+
+def binary_cache_dir() -> Path:
+    """``<kernel_lens cache>/aot``: compiled kernels, one JSON entry per key."""
+    from ..toolchain.build import build_cache_dir
+
+    return build_cache_dir() / "aot"
+
+
+def _triton_install() -> list:
+    """Triton's version and where/what its compiler library is (cheap: a stat, not a hash)."""
+    lib = Path(triton.__file__).parent / "_C" / f"libtriton.{sysconfig.get_config_var('EXT_SUFFIX').split('.')[-1]}"
+    try:
+        st = os.stat(lib)
+        ident = [str(lib), st.st_size, st.st_mtime_ns]
+    except OSError:
+        ident = [str(lib), None, None]
+    return [triton.__version__, *ident]
+
+
+def _cache_key(src: ASTSource, backend, options, env_vars: dict) -> str:
+    payload = [_CACHE_SCHEMA, _triton_install(), src.hash(), backend.hash(), options.hash(),
+               sorted(env_vars.items())]
+    return hashlib.sha256(json.dumps(payload, default=str).encode()).hexdigest()
+
+
+def _cache_usable() -> bool:
+    knobs = getattr(triton, "knobs", None)
+    comp = getattr(knobs, "compilation", None)
+    return not any(getattr(comp, k, False) for k in ("always_compile", "override", "dump_ir"))
+
+
+def _read_entry(path: Path, key: str) -> tuple[SimpleNamespace | None, str | None]:
+    """(compiled, None) for a trusted entry of ``key``; (None, why not) otherwise; (None, None)
+    when there is none."""
+    from ..toolchain.build import _read_trusted
+
+    data, problem = _read_trusted(path)
+    if problem or data is None:
+        return None, problem
+    header, _, body = data.partition(b"\n")
+    fields = header.decode("ascii", "replace").split()
+    if len(fields) != 2 or fields[0] != _CACHE_SCHEMA or fields[1] != hashlib.sha256(body).hexdigest():
+        return None, "its recorded sha256 does not match its content"
+    try:
+        entry = json.loads(body)
+        if entry["key"] != key:
+            return None, "it was written for another key"
+        md = {k: entry[k] for k in _MD_FIELDS}
+        if not (isinstance(md["name"], str) and all(isinstance(md[k], int) for k in _MD_FIELDS[1:])
+                and isinstance(entry["ptx"], str)):
+            return None, "it is malformed"
+        asm = {"ptx": entry["ptx"], "cubin": base64.b64decode(entry["cubin"], validate=True)}
+    except (ValueError, KeyError, TypeError) as exc:
+        return None, f"it is malformed ({type(exc).__name__})"
+    return SimpleNamespace(metadata=SimpleNamespace(**md), asm=asm), None
+
+
+def _write_entry(path: Path, key: str, compiled) -> None:
+    from ..fileio import atomic_write
+
+    md = compiled.metadata
+    entry = {"key": key, **{k: getattr(md, k, _MD_DEFAULTS.get(k)) for k in _MD_FIELDS},
+             "ptx": compiled.asm["ptx"], "cubin": base64.b64encode(compiled.asm["cubin"]).decode("ascii")}
+    body = json.dumps(entry, sort_keys=True).encode()
+    atomic_write(path, f"{_CACHE_SCHEMA} {hashlib.sha256(body).hexdigest()}\n".encode() + body,
+                 mode=0o644)
+
+
+def _compile(kernel: KernelIR, src: ASTSource, arch: int, options: dict):
+    """Triton's compiled kernel (or our cache's copy of it): ``.metadata`` and ``.asm``."""
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    def fresh():
+        try:
+            return triton.compile(src, target=tc.target_for(arch), options=options)
+        except Exception as exc:  # Triton raises CompilationError and plain errors alike
+            raise CompilationError(f"kernel {kernel.name}: Triton failed to compile it for "
+                                   f"sm_{arch}: {exc}") from exc
+
+    if not _cache_usable():
+        return fresh()
+    backend = tc.backend_for(arch)
+    parsed = backend.parse_options(dict(options, **src.parse_options()))
+    key = _cache_key(src, backend, parsed, get_cache_invalidating_env_vars())
+    path = binary_cache_dir() / f"{key}.json"
+    try:
+        from ..toolchain.build import _checked_folder
+
+        _checked_folder(path.parent.parent, "root", create=True)
+        _checked_folder(path.parent, "key folder", create=True)
+    except CacheError as exc:
+        log.warning("kernel binary cache not used: %s", exc)
+        return fresh()
+    cached, problem = _read_entry(path, key)
+    if cached is not None:
+        return cached
+    if problem:
+        log.warning("kernel binary cache entry %s not used, recompiling it: %s", path, problem)
+    compiled = fresh()
+    try:
+        _write_entry(path, key, compiled)
+    except OSError as exc:
+        log.warning("kernel %s: its binary was not cached: %s", kernel.name, exc)
+    return compiled
+
+
 def compile_binary(kernel: KernelIR, arch: int, assumptions: dict[str, Specialization],
                    specialized: bool) -> KernelBinary:
     jit_fn = resolve_jit(kernel.source)
@@ -86,12 +217,7 @@ def compile_binary(kernel: KernelIR, arch: int, assumptions: dict[str, Specializ
     options, signature, constexprs, attrs = jit_fn._pack_args(backend, dict(opts), bound,
                                                               specialization, opts)
     start = time.perf_counter()
-    try:
-        compiled = triton.compile(ASTSource(jit_fn, signature, constexprs, attrs),
-                                  target=tc.target_for(arch), options=options.__dict__)
-    except Exception as exc:  # Triton raises CompilationError and plain errors alike
-        raise CompilationError(f"kernel {kernel.name}: Triton failed to compile it for sm_{arch}: "
-                               f"{exc}") from exc
+    compiled = _compile(kernel, ASTSource(jit_fn, signature, constexprs, attrs), arch, options.__dict__)
     log.info("compiled %s for sm_%d (%s) in %.2fs", kernel.name, arch,
              "specialized" if specialized else "generic", time.perf_counter() - start)
     md = compiled.metadata

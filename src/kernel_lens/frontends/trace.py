@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator, List
 
 import torch
 
+from .._gc import paused_then_frozen
 from ..errors import KernelLensError, TraceError, UnsupportedKernelError
 from . import triton_compat as tc
 from .capture import (CapturedLaunch, _normalize_grid, _patched, check_arguments, innermost_jit,
@@ -24,15 +25,17 @@ from .capture import (CapturedLaunch, _normalize_grid, _patched, check_arguments
 log = logging.getLogger(__name__)
 
 
-@torch.library.custom_op("kernel_lens::launch", mutates_args=("tensors",))
-def _launch_marker(launch_id: int, tensors: List[torch.Tensor]) -> None:
-    """Marks a Triton launch in an exported graph; it is never executed."""
-    raise RuntimeError("kernel_lens::launch is a trace-only marker and cannot run")
+with paused_then_frozen():  # torch.export pulls in torch._dynamo: see kernel_lens._gc
+    import torch.export._trace  # noqa: F401
 
+    @torch.library.custom_op("kernel_lens::launch", mutates_args=("tensors",))
+    def _launch_marker(launch_id: int, tensors: List[torch.Tensor]) -> None:
+        """Marks a Triton launch in an exported graph; it is never executed."""
+        raise RuntimeError("kernel_lens::launch is a trace-only marker and cannot run")
 
-@_launch_marker.register_fake
-def _(launch_id: int, tensors: List[torch.Tensor]) -> None:
-    return None
+    @_launch_marker.register_fake
+    def _(launch_id: int, tensors: List[torch.Tensor]) -> None:
+        return None
 
 
 LAUNCH_OP = torch.ops.kernel_lens.launch.default

@@ -287,4 +287,18 @@ def to_cxx(expr: sympy.Expr, names: Mapping[sympy.Symbol, str] | None = None) ->
     :class:`~kernel_lens.errors.SymbolicError` if ``expr`` is not an exact
     integer expression.
     """
-    return Int64CxxPrinter(names=names).doprint(expr)
+    if not isinstance(expr, sympy.Basic):
+        return Int64CxxPrinter(names=names).doprint(expr)
+    try:
+        key = frozenset((names or {}).items())
+        hash(key)
+    except TypeError:  # unhashable names: print without the cache
+        return Int64CxxPrinter(names=names).doprint(expr)
+    return _to_cxx_cached(expr, key)
+
+
+@functools.lru_cache(maxsize=8192)
+def _to_cxx_cached(expr: sympy.Basic, names: frozenset) -> str:
+    # A pure function of the (structurally compared) expression and the names: emitters print
+    # the same shapes and strides many times, and a printer is costly to construct.
+    return Int64CxxPrinter(names=dict(names)).doprint(expr)

@@ -1,7 +1,7 @@
 """Passes and the pass manager.
 
 A pass is a small class: ``run(ir, ctx) -> PassResult``, with the facts it ``requires`` and
-``provides``. The manager orders passes by those facts (a networkx DAG), checks pre- and
+``provides``. The manager orders passes by those facts (a DAG), checks pre- and
 post-conditions, verifies IR invariants between passes, times each pass and can dump the IR
 after any of them.
 """
@@ -13,12 +13,13 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ClassVar, Iterable
-
-import networkx as nx
+from typing import TYPE_CHECKING, Callable, ClassVar, Iterable
 
 from ..errors import PassError, PostconditionError, PreconditionError
 from ..ir import GraphIR
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 log = logging.getLogger(__name__)
 
@@ -99,13 +100,11 @@ class PassManager:
                 return p
         raise PassError(f"no pass named {name!r}; passes: {[p.name for p in self._passes]}")
 
-    def graph(self, have: Iterable[str] = ()) -> nx.DiGraph:
-        """The dependency DAG: an edge provider -> consumer for every required fact."""
+    def _edges(self, have: Iterable[str] = ()) -> list[tuple[str, str]]:
+        """Every edge provider -> consumer (a required fact, or a forced ``after``)."""
         have = set(have)
-        g = nx.DiGraph()
-        position = {p.name: i for i, p in enumerate(self._passes)}
-        for p in self._passes:
-            g.add_node(p.name, position=position[p.name])
+        names = {p.name for p in self._passes}
+        edges: list[tuple[str, str]] = []
         for p in self._passes:
             for fact in p.requires:
                 providers = [q.name for q in self._passes if fact in q.provides and q is not p]
@@ -113,19 +112,52 @@ class PassManager:
                     raise PreconditionError(
                         f"pass {p.name!r} requires {fact!r}, which no pass in the pipeline "
                         f"provides and the IR does not have; add a pass that provides it")
-                for q in providers:
-                    g.add_edge(q, p.name)
+                edges += [(q, p.name) for q in providers]
             for name in self._after[p.name]:
-                if name not in position:
+                if name not in names:
                     raise PassError(f"pass {p.name!r} is to run after unknown pass {name!r}")
-                g.add_edge(name, p.name)
+                edges.append((name, p.name))
+        return edges
+
+    def graph(self, have: Iterable[str] = ()) -> "nx.DiGraph":
+        """The dependency DAG: an edge provider -> consumer for every required fact."""
+        import networkx as nx  # only here: importing it costs more than ordering a pipeline
+
+        edges = self._edges(have)
+        g = nx.DiGraph()
+        for i, p in enumerate(self._passes):
+            g.add_node(p.name, position=i)
+        g.add_edges_from(edges)
         if not nx.is_directed_acyclic_graph(g):
             raise PassError(f"pass dependencies form a cycle: {nx.find_cycle(g)}")
         return g
 
     def order(self, have: Iterable[str] = ()) -> list[Pass]:
-        g = self.graph(have)
-        names = nx.lexicographical_topological_sort(g, key=lambda n: g.nodes[n]["position"])
+        """The passes in dependency order; among those ready, the one added first (networkx's
+        lexicographical topological sort keyed by position, without importing networkx)."""
+        import heapq
+
+        edges = self._edges(have)
+        position = {p.name: i for i, p in enumerate(self._passes)}
+        indegree = dict.fromkeys(position, 0)
+        successors: dict[str, set[str]] = {n: set() for n in position}
+        for a, b in edges:
+            if b not in successors[a]:
+                successors[a].add(b)
+                indegree[b] += 1
+        ready = [(position[n], n) for n, d in indegree.items() if d == 0]
+        heapq.heapify(ready)
+        names: list[str] = []
+        while ready:
+            _, n = heapq.heappop(ready)
+            names.append(n)
+            for m in successors[n]:
+                indegree[m] -= 1
+                if indegree[m] == 0:
+                    heapq.heappush(ready, (position[m], m))
+        if len(names) != len(position):
+            self.graph(have)  # raises PassError naming the cycle
+            raise PassError("pass dependencies form a cycle")
         return [self.get(n) for n in names]
 
     def run(self, ir: GraphIR, ctx: PassContext | None = None, *, stop_after: str | None = None,

@@ -8,6 +8,8 @@ the values seen at capture.
 
 from __future__ import annotations
 
+import functools
+
 import sympy
 
 from ..errors import SymbolicError
@@ -16,19 +18,33 @@ from ..ir.cxx_printer import to_cxx
 from .base import Pass, PassContext, PassResult
 
 
-def canonical(text: str, names: list[str], where: str) -> str:
+class _NotCanonical(Exception):
+    """Why an expression has no canonical form, without the caller's ``where``."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _canonical(text: str, names: tuple[str, ...]) -> str:
+    """The canonical text of ``text`` over ``names``: a pure function of both, so cached (the
+    same shapes, strides and offsets recur across tensors and launches; sympy.simplify is slow)."""
     expr = parse(text, names)
     unknown = {s.name for s in expr.free_symbols} - set(names)
     if unknown:
-        raise SymbolicError(f"{where}: {text} uses {sorted(unknown)}, which are not graph-input dims")
+        raise _NotCanonical(f"{text} uses {sorted(unknown)}, which are not graph-input dims")
     simple = sympy.simplify(expr)
     if sympy.count_ops(simple) > sympy.count_ops(expr):
         simple = expr
     try:  # printable as exact int64 C++ (symbols renamed: a Dim may be named like a keyword)
         to_cxx(simple, {sym: f"sym_{sym.name}" for sym in simple.free_symbols})
     except SymbolicError as exc:
-        raise SymbolicError(f"{where}: {exc}") from None
+        raise _NotCanonical(str(exc)) from None
     return format_expr(simple)
+
+
+def canonical(text: str, names: list[str], where: str) -> str:
+    try:
+        return _canonical(text, tuple(names))
+    except _NotCanonical as exc:
+        raise SymbolicError(f"{where}: {exc}") from None
 
 
 class GridCanonicalization(Pass):

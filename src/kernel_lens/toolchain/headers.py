@@ -6,11 +6,11 @@ kernel_lens never vendors these headers and never downloads anything at build ti
 1. an environment variable (``ORT_INCLUDE_DIR``, ``TENSORRT_INCLUDE_DIR``, ``CUDA_INCLUDE_DIR``);
    when set, it must name a folder holding the marker header, or it is an error (no silent fallback);
 2. well-known install places (system packages, vendor tarballs, conda, pip packages);
-3. for ONNX Runtime and TensorRT, the cache that ``python scripts/fetch_headers.py`` fills:
+3. for ONNX Runtime and TensorRT, the cache that ``kernel_lens fetch-headers`` fills:
    ``$KERNEL_LENS_HEADERS/{onnxruntime,tensorrt}``, default ``~/.cache/kernel_lens/headers``.
 
 Nothing found raises :class:`~kernel_lens.errors.ToolchainError` naming the variable to set and
-the script that fetches the headers.
+the command that fetches the headers.
 """
 
 from __future__ import annotations
@@ -29,11 +29,13 @@ from kernel_lens.errors import ToolchainError
 ORT_MARKER = "onnxruntime_c_api.h"
 TRT_MARKER = "NvInfer.h"
 CUDA_MARKER = "cuda_runtime_api.h"
-FETCH_HINT = "python scripts/fetch_headers.py"
+FETCH_HINT = "kernel_lens fetch-headers"
+# In a source checkout before installing, the same logic runs as this script.
+FETCH_SCRIPT_HINT = "python scripts/fetch_headers.py"
 
 
 def headers_cache_dir() -> Path:
-    """Root of the header cache filled by scripts/fetch_headers.py."""
+    """Root of the header cache filled by ``kernel_lens fetch-headers``."""
     env = os.environ.get("KERNEL_LENS_HEADERS")
     if env:
         return Path(env).expanduser()
@@ -106,7 +108,7 @@ def _find(var: str, marker: str, what: str, candidates: list[Path], fetch: bool)
         if (path / marker).is_file():
             return path.resolve()
     looked = ", ".join(str(p) for p in candidates)
-    how = (f"Run `{FETCH_HINT}` (from the kernel_lens repository) to fetch them into "
+    how = (f"Run `{FETCH_HINT}` (in a source checkout: `{FETCH_SCRIPT_HINT}`) to fetch them into "
            f"{headers_cache_dir()}, or set {var} to the folder that contains {marker}."
            if fetch else f"Install them, or set {var} to the folder that contains {marker}.")
     raise ToolchainError(f"{what} headers ({marker}) not found; looked in: {looked}. {how}")
