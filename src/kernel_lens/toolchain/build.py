@@ -70,13 +70,16 @@ _DEFAULT_INCLUDE_DIRS = {Path("/usr/include"), Path("/usr/local/include"),
 
 
 def build_cache_dir(cache_dir: Path | None = None) -> Path:
-    """Cache root: ``cache_dir``, else $KERNEL_LENS_CACHE, else ~/.cache/kernel_lens/build."""
+    """Cache root: ``cache_dir``, else $KERNEL_LENS_CACHE, else the platform's user cache folder
+    (platformdirs; ~/.cache/kernel_lens/build on Linux, honouring $XDG_CACHE_HOME)."""
     if cache_dir is not None:
         return Path(cache_dir).expanduser()
     env = os.environ.get("KERNEL_LENS_CACHE")
     if env:
         return Path(env).expanduser()
-    return Path.home() / ".cache" / "kernel_lens" / "build"
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("kernel_lens")) / "build"
 
 
 def _check_inputs(name: str, sources: Mapping[str, str]) -> list[str]:
