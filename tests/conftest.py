@@ -45,3 +45,17 @@ def corpus_files():
 @pytest.fixture(scope="session")
 def corpus_ids():
     return [p.stem for p in corpus_files()]
+
+
+@pytest.fixture(scope="session")
+def ort_headers():
+    """ORT headers from the package registries through the repo's own script (cached), for any
+    test that builds a library, whatever order the tests run in."""
+    import subprocess
+
+    from kernel_lens.toolchain.headers import find_ort_include
+
+    if "ORT_INCLUDE_DIR" not in os.environ:
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "fetch_headers.py")], check=True,
+                       capture_output=True)
+    return find_ort_include()

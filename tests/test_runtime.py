@@ -48,7 +48,7 @@ toy = load_module(EXAMPLES / "toy_two_kernels.py")
 
 
 @pytest.fixture(scope="module")
-def cached(tmp_path_factory):
+def cached(ort_headers):
     return kl.compile(toy.model, toy.example_inputs, dynamic_shapes=toy.dynamic_shapes, arch=90,
                       targets=["ort"])
 

@@ -20,7 +20,6 @@ from kernel_lens.errors import KernelLensError
 from kernel_lens.targets.base import available_targets
 from kernel_lens.targets.ort.target import ort_sources
 from kernel_lens.toolchain.build import build_shared_library
-from kernel_lens.toolchain.headers import find_ort_include
 
 from conftest import EXAMPLES, ROOT, corpus_files, load_module
 
@@ -28,13 +27,10 @@ MODELS = {p.stem: p for p in corpus_files()}
 MODELS.update({p.stem: p for p in sorted(EXAMPLES.glob("*.py"))})
 
 
-@pytest.fixture(scope="session", autouse=True)
-def ort_headers():
-    """Headers come from the package registries through the repo's own script (cached)."""
-    if "ORT_INCLUDE_DIR" not in os.environ:
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "fetch_headers.py")], check=True,
-                       capture_output=True)
-    return find_ort_include()
+@pytest.fixture(autouse=True)
+def _headers(ort_headers):
+    """Every test here builds libraries: the ORT headers (conftest's fixture) first."""
+    return ort_headers
 
 
 def _ir(name):
