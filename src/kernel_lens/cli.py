@@ -155,13 +155,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from .passes import dump_to_dir
     from .targets.base import get_target
 
-    from .fileio import ensure_folder
+    from .fileio import check_folder
 
     for name in args.target:  # fail fast on a typo, before the slow front half
         get_target(name)
-    out = Path(args.output)
-    if out.exists() and not out.is_dir():
-        ensure_folder(out)  # refused here, before any work starts
+    out = check_folder(args.output)  # a file there is refused before any work starts
     compiled = _compile(args, dump_after=args.dump_after,
                         dump=dump_to_dir(out / "dumps") if args.dump_after else None)
     paths = compiled.write(out, args.target)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .errors import ArtifactError, IRError, KernelLensError, OutputPathError
-from .fileio import atomic_copy, atomic_write, ensure_folder, inside
+from .fileio import atomic_copy, atomic_write, check_folder, ensure_folder, inside
 from .frontends.aot import compile_binary
 from .frontends.lift import lift_with_outputs
 from .ir import GraphIR
@@ -52,16 +52,15 @@ class CompiledModel:
             log.info("building target %s", name)
             for kind, path in get_target(name).build(self.ir, directory).items():
                 path = Path(path)
-                if path.is_absolute() and not path.is_relative_to(directory.absolute()):
+                if not path.is_absolute() and not path.is_relative_to(directory):
+                    path = directory / path  # a bare name: relative to the output folder
+                path = path.absolute()
+                if not path.is_relative_to(directory.absolute()):
                     raise OutputPathError(f"target {name!r} returned artifact {kind!r} at {path}, "
                                           f"outside the output folder {directory}")
-                rel = path.relative_to(directory.absolute()) if path.is_absolute() else \
-                    (path.relative_to(directory) if path.is_relative_to(directory) else path)
-                self.artifacts[f"{name}.{kind}"] = inside(directory, rel)
-        manifest = {k: str(v.relative_to(directory)) for k, v in self.artifacts.items()
-                    if v.is_relative_to(directory)}
-        atomic_write(inside(directory, MANIFEST),
-                     json.dumps({"name": stem, "artifacts": manifest}, indent=1))
+                self.artifacts[f"{name}.{kind}"] = inside(directory, path.relative_to(directory.absolute()))
+        _write_manifest(directory, stem, {k: v.relative_to(directory) for k, v in self.artifacts.items()
+                                          if v.is_relative_to(directory)})
         return dict(self.artifacts)
 
     def backends(self) -> list[str]:
@@ -104,9 +103,14 @@ class CompiledModel:
         for kind, path in self.artifacts.items():
             saved[kind] = atomic_copy(path, inside(directory, path.name), mode=0o644 if path.suffix
                                       != ".so" else 0o755)
-        atomic_write(inside(directory, MANIFEST), json.dumps(
-            {"name": self.ir.name, "artifacts": {k: v.name for k, v in saved.items()}}, indent=1))
+        _write_manifest(directory, self.ir.name, {k: Path(v.name) for k, v in saved.items()})
         return CompiledModel(self.ir, self.example_outputs, list(self.timings), saved, self.cuda_graph)
+
+
+def _write_manifest(directory: Path, name: str, artifacts: dict[str, Path]) -> None:
+    """The folder's manifest: artifact kind -> path relative to the folder."""
+    atomic_write(inside(directory, MANIFEST),
+                 json.dumps({"name": name, "artifacts": {k: str(v) for k, v in artifacts.items()}}, indent=1))
 
 
 def _manifest_path(directory: Path, manifest_path: Path, kind: object, rel: object) -> Path:
@@ -183,23 +187,20 @@ def _compile_into_cache(compiled: CompiledModel, targets: list[str]) -> Compiled
     root = ensure_folder(artifact_cache_dir())
     final = root / key[:24]
     if final.exists():
-        info = os.lstat(final)
-        if final.is_symlink() or info.st_uid != os.geteuid():
+        if final.is_symlink() or os.lstat(final).st_uid != os.geteuid():
             raise CacheError(f"artifact cache entry {final} is a link or not yours; remove it or set "
                              f"KERNEL_LENS_CACHE to a folder of your own")
-        reused = load(final)
-        reused.example_outputs, reused.timings = compiled.example_outputs, compiled.timings
-        return reused
-    work = Path(tempfile.mkdtemp(prefix=f".{key[:12]}.", dir=root))
-    try:
-        compiled.write(work, targets)
+    else:
+        work = Path(tempfile.mkdtemp(prefix=f".{key[:12]}.", dir=root))
         try:
-            os.replace(work, final)  # atomic; another process may have won the race
-        except OSError:
-            if not final.is_dir():
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+            compiled.write(work, targets)
+            try:
+                os.replace(work, final)  # atomic; another process may have won the race
+            except OSError:
+                if not final.is_dir():
+                    raise
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     reused = load(final)
     reused.example_outputs, reused.timings = compiled.example_outputs, compiled.timings
     return reused
@@ -224,8 +225,8 @@ def compile(model: Callable, example_inputs: Iterable[Any], *, dynamic_shapes: A
     ``targets`` (e.g. ``["ort"]``) are built into ``output_dir``.
     """
     targets = list(targets)
-    if output_dir is not None and Path(output_dir).exists() and not Path(output_dir).is_dir():
-        ensure_folder(output_dir)  # refused before any work starts
+    if output_dir is not None:
+        check_folder(output_dir)  # a file there is refused before any work starts
     ir, outputs = lift_with_outputs(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes,
                                     arch=arch, roles=roles, autotune=autotune)
     pm = pass_manager or default_pipeline()

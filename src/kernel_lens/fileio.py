@@ -42,12 +42,18 @@ def inside(folder: str | Path, name: str | Path) -> Path:
     return path
 
 
-def ensure_folder(folder: str | Path) -> Path:
-    """Create ``folder`` (and parents); a path that exists and is not a folder is an error."""
+def check_folder(folder: str | Path) -> Path:
+    """``folder``, refused when it exists and is not a folder (checked before any work starts)."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise OutputPathError(f"output path {folder} exists and is not a folder; pass -o with a "
                               f"folder name (it is created if missing)")
+    return folder
+
+
+def ensure_folder(folder: str | Path) -> Path:
+    """Create ``folder`` (and parents); a path that exists and is not a folder is an error."""
+    folder = check_folder(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -115,12 +115,16 @@ class OrtModel:
         self._sessions: dict[tuple[int, int], _Session] = {}
         self._side_streams: dict[int, torch.cuda.Stream] = {}
         self._lock = threading.Lock()  # one IOBinding per session: bind + run must not interleave
-        self._run_options = ort.RunOptions()
+        self._run_options = self._make_run_options(-1)  # plain runs: never capture
+
+    def _make_run_options(self, graph_id: int):
+        options = self._ort.RunOptions()
         # Work stays queued on torch's stream: no device synchronization at the end of Run.
-        self._run_options.add_run_config_entry("disable_synchronize_execution_providers", "1")
-        # An explicit graph id ("-1": never capture): ORT's Python wrapper otherwise looks the key
-        # up and catches a C++ exception on every call, about 60 us of host time.
-        self._run_options.add_run_config_entry("gpu_graph_id", "-1")
+        options.add_run_config_entry("disable_synchronize_execution_providers", "1")
+        # Always an explicit graph id (-1: never capture): without one, ORT's Python wrapper
+        # looks the key up and catches a C++ exception on every call, ~30 us of host time.
+        options.add_run_config_entry("gpu_graph_id", str(graph_id))
+        return options
 
     def _graph_outputs(self) -> list[str]:
         import onnx
@@ -229,37 +233,38 @@ class OrtModel:
                 self._run_bound(tensors, outputs, device)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
+    def _bind_all(self, binding, bound: dict[str, tuple[int, Shape]], index: int, inputs, outputs,
+                  mutated) -> None:
+        """Bind inputs, outputs and mutated-input outputs; a name whose pointer and shape are
+        those recorded in ``bound`` is not bound again."""
+        named = [(binding.bind_input, spec.name, spec.code, t) for spec, t in zip(self._inputs, inputs)]
+        named += [(binding.bind_output, o.name, o.code, t) for o, t in zip(self._outputs, outputs)]
+        named += [(binding.bind_output, oname, self._inputs[i].code, t)
+                  for (oname, i), t in zip(self._mutated, mutated)]
+        for bind, name, code, t in named:
+            key = (t.data_ptr(), tuple(t.shape))
+            if bound.get(name) != key:
+                bind(name, "cuda", index, code, key[1], key[0])
+                bound[name] = key
+
     @staticmethod
-    def _bind(state: _Session, binding, name: str, kind: str, device: torch.device, code: int,
-              t: torch.Tensor) -> None:
-        key = (t.data_ptr(), tuple(t.shape))
-        if state.bound.get(name) == key:
-            return
-        bind = binding.bind_input if kind == "in" else binding.bind_output
-        bind(name, "cuda", device.index, code, key[1], key[0])
-        state.bound[name] = key
+    def _run_ordered(side: torch.cuda.Stream | None, index: int, session, binding, options) -> None:
+        """ORT's Run; on a side stream, ordered after and before the caller's stream's work."""
+        if side is not None:  # inputs and outputs are ready on the caller's stream
+            side.wait_stream(torch.cuda.current_stream(index))
+        session.run_with_iobinding(binding, options)
+        if side is not None:  # the caller's later work sees the results
+            torch.cuda.current_stream(index).wait_stream(side)
 
     def _run_bound(self, tensors, outputs, device) -> None:
         index = device.index
         stream, side = self._stream(index)
         state = self.session(index, stream)
-        binding = state.binding
-        for spec, t in zip(self._inputs, tensors):
-            self._bind(state, binding, spec.name, "in", device, spec.code, t)
-        for o, t in zip(self._outputs, outputs):
-            self._bind(state, binding, o.name, "out", device, o.code, t)
-        mutated = []
-        for oname, i in self._mutated:
-            new = torch.empty_like(tensors[i])
-            self._bind(state, binding, oname, "out", device, self._inputs[i].code, new)
-            mutated.append((tensors[i], new))
-        if side is not None:  # inputs and outputs are ready on the caller's stream
-            side.wait_stream(torch.cuda.current_stream(index))
-        state.session.run_with_iobinding(binding, self._run_options)
-        if side is not None:  # the caller's later work sees the results
-            torch.cuda.current_stream(index).wait_stream(side)
-        for src, new in mutated:  # the model mutates these inputs: so does the compiled model
-            src.copy_(new)
+        mutated = [torch.empty_like(tensors[i]) for _, i in self._mutated]
+        self._bind_all(state.binding, state.bound, index, tensors, outputs, mutated)
+        self._run_ordered(side, index, state.session, state.binding, self._run_options)
+        for (_, i), new in zip(self._mutated, mutated):  # the model mutates these inputs: so does
+            tensors[i].copy_(new)                         # the compiled model
 
     # --- CUDA graphs ---------------------------------------------------------------------------
     def _graph(self, tensors, shapes, device) -> tuple[_Graph, _Session, torch.cuda.Stream | None]:
@@ -274,17 +279,9 @@ class OrtModel:
                        for shape, o in zip(shapes, self._outputs)]
             mutated = [torch.empty_like(inputs[i]) for _, i in self._mutated]
             binding = state.session.io_binding()
-            for spec, t in zip(self._inputs, inputs):
-                binding.bind_input(spec.name, "cuda", device.index, spec.code, tuple(t.shape), t.data_ptr())
-            for o, t in zip(self._outputs, outputs):
-                binding.bind_output(o.name, "cuda", device.index, o.code, tuple(t.shape), t.data_ptr())
-            for (oname, i), t in zip(self._mutated, mutated):
-                binding.bind_output(oname, "cuda", device.index, self._inputs[i].code, tuple(t.shape),
-                                    t.data_ptr())
-            run_options = self._ort.RunOptions()
-            run_options.add_run_config_entry("disable_synchronize_execution_providers", "1")
-            run_options.add_run_config_entry("gpu_graph_id", str(len(state.graphs) + 1))
-            graph = state.graphs[key] = _Graph(inputs, outputs, mutated, binding, run_options)
+            self._bind_all(binding, {}, device.index, inputs, outputs, mutated)
+            graph = state.graphs[key] = _Graph(inputs, outputs, mutated, binding,
+                                               self._make_run_options(len(state.graphs) + 1))
         return graph, state, side
 
     def cuda_graph_buffers(self, *tensors: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -304,16 +301,12 @@ class OrtModel:
         for static, t in zip(graph.inputs, tensors):
             if static.data_ptr() != t.data_ptr():
                 static.copy_(t)
-        if side is not None:
-            side.wait_stream(torch.cuda.current_stream(device))
         try:
-            state.session.run_with_iobinding(graph.binding, graph.run_options)
+            self._run_ordered(side, device.index, state.session, graph.binding, graph.run_options)
         except Exception as exc:  # ORT's own exception types
             raise KernelLensError(f"ONNX Runtime failed in CUDA-graph mode: {exc}; models that "
                                   f"synchronize with the host or place nodes on the CPU cannot be "
                                   f"captured (run without cuda_graph=True)") from None
-        if side is not None:
-            torch.cuda.current_stream(device).wait_stream(side)
         for (_, i), static in zip(self._mutated, graph.mutated):
             tensors[i].copy_(static)
         if out is None:
