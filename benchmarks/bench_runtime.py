@@ -15,9 +15,7 @@ Everything runs on one non-default torch stream, which is also ORT's compute str
 from __future__ import annotations
 
 import json
-import statistics
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -29,26 +27,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "src"))
 
 import kernel_lens as kl  # noqa: E402
+from bench_ort import timed  # noqa: E402  (CUDA-event medians, one definition for both)
 from conftest import EXAMPLES, load_module  # noqa: E402
 
 block_mod = load_module(EXAMPLES / "llama_block.py")
-
-
-def timed(fn, warmup=20, iters=100, repeats=5):
-    """Median milliseconds per call over `repeats` batches of back-to-back calls."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    per_call = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        per_call.append(start.elapsed_time(end) / iters)
-    return statistics.median(per_call)
 
 
 def host_us(fn, iters=2000):
@@ -86,7 +68,7 @@ def graph_of(model, x):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         static_y = model(static_x)
-    return lambda: g.replay()
+    return lambda keep=(static_x, static_y): g.replay()  # buffers live as long as the graph
 
 
 def by_hand(compiled, x, cuda_graph, graph_id=None):
@@ -131,7 +113,7 @@ def row(label, model, x, compiled, host=False):
     for name, make in cases.items():
         try:
             fn = make()
-            out[name + "_ms"] = round(timed(fn), 4)
+            out[name + "_ms"] = round(timed(fn, warmup=20, iters=100), 4)
             if host and name in ("run", "ort_by_hand", "ort_by_hand_graph_id_-1", "eager",
                                  "run_cuda_graph", "run_cuda_graph_static"):
                 out[name + "_host_us"] = round(host_us(fn), 1)

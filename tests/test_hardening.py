@@ -8,16 +8,14 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import sympy
-import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import kernel_lens as kl
-from kernel_lens.errors import (ArchError, ArtifactError, InputError, IRError, KernelLensError,
+from kernel_lens.errors import (ArchError, ArtifactError, InputError, IRError,
                                 ModelFileError, OutputPathError, PassError, SymbolicError)
 from kernel_lens.fileio import atomic_write, inside
 from kernel_lens.ir import GraphIR, format_expr, parse, symbol
@@ -377,7 +375,6 @@ def test_cli_errors_exit_2_without_traceback_unless_debug(tmp_path):
 
 @pytest.mark.parametrize("arch", ["0", "sm_42", "banana", "sm_91"])
 def test_cli_arch_refused_before_any_work(arch):
-    start = time.monotonic()
     proc = _cli("compile", str(EXAMPLES / "toy_two_kernels.py"), "--arch", arch)
     assert proc.returncode == 2 and proc.stderr.startswith("kernel_lens: error:")
     assert "sm_90" in proc.stderr and "Traceback" not in proc.stderr

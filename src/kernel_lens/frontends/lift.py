@@ -13,7 +13,7 @@ import torch
 from torch.export.graph_signature import InputKind
 
 from ..archs import check_arch
-from ..errors import CaptureError, InputError, TraceError, UnsupportedKernelError
+from ..errors import InputError, TraceError, UnsupportedKernelError
 from ..ir import (CompileOptions, ConstantData, ConstArg, Dispatch, GraphIR, KernelIR, KernelParam, Launch,
                   LaunchArg, ListArg, ParamKind, Role, SymArg, SymbolInfo, TensorValue, TorchOp,
                   ValueArg, format_expr, symbol)
