@@ -23,6 +23,7 @@ from ..ir.kernel import Specialization
 from ..ir.types import dtype_from_torch, dtype_from_triton, DType
 from .aot import compile_binary
 from .capture import CapturedLaunch, capture, kernel_name
+from .decompose import decompose, needs_decomposition, tensor_args
 from .source import describe_kernel
 from .trace import LAUNCH_OP, TracedLaunch, trace
 
@@ -341,6 +342,8 @@ class _GraphBuilder:
                 return SymArg(sym=self.syms.expr(val, f"value {a.name}"))
             raise UnsupportedKernelError(f"torch value {a.name} of type {type(val).__name__} "
                                          f"cannot be represented in the IR")
+        if isinstance(a, torch.SymInt):  # a size a decomposition took as a constant
+            return SymArg(sym=self.syms.expr(a, "size argument"))
         if isinstance(a, (list, tuple)):
             return ListArg(items=[self.arg(x) for x in a])
         if a is None or isinstance(a, (bool, int, float, str)):
@@ -353,19 +356,8 @@ class _GraphBuilder:
     def build(self) -> tuple[list[str], list[str]]:
         order = 0
         for node in self.program.graph.nodes:
-            if node.op != "call_function":
-                continue
-            val = node.meta.get("val")
-            if node.target is LAUNCH_OP:
-                self.launches.append(self.launch(node, order))
-            elif node.target is operator.getitem:
-                self.alias[node.name] = f"{self.alias.get(node.args[0].name, node.args[0].name)}_{node.args[1]}"
-                continue
-            elif any(s in str(node.target) for s in _SKIP_OPS) or isinstance(val, (torch.SymInt, torch.SymBool, int, bool)):
-                continue
-            else:
-                self.ops.append(self.torch_op(node, order, val))
-            order += 1
+            if node.op == "call_function":
+                order = self._node(node, order)
         out_node = next(n for n in self.program.graph.nodes if n.op == "output")
         outputs = []
         for o in out_node.args[0]:
@@ -373,6 +365,42 @@ class _GraphBuilder:
                 raise UnsupportedKernelError(f"model output {o!r} is not a tensor; return tensors only")
             outputs.append(self.alias.get(o.name, o.name))
         return [n.name for n in self.user_inputs], outputs
+
+    def _node(self, node: torch.fx.Node, order: int, depth: int = 0) -> int:
+        """Add one call_function node at position ``order``; returns the next position."""
+        val = node.meta.get("val")
+        if node.target is LAUNCH_OP:
+            self.launches.append(self.launch(node, order))
+        elif node.target is operator.getitem:
+            self.alias[node.name] = f"{self.alias.get(node.args[0].name, node.args[0].name)}_{node.args[1]}"
+            return order
+        elif any(s in str(node.target) for s in _SKIP_OPS) or isinstance(val, (torch.SymInt, torch.SymBool, int, bool)):
+            return order
+        elif depth < 4 and needs_decomposition(node.target) and (graph := decompose(node)) is not None:
+            return self._inline(node, graph, order, depth)
+        else:
+            self.ops.append(self.torch_op(node, order, val))
+        return order + 1
+
+    def _inline(self, node: torch.fx.Node, graph: torch.fx.GraphModule, order: int,
+                depth: int) -> int:
+        """Replace ``node`` by the ops of its decomposition (see :mod:`.decompose`)."""
+        subs = list(graph.graph.nodes)
+        for sub in subs:
+            sub.name = f"{node.name}_{sub.name}"
+        for placeholder, arg in zip([n for n in subs if n.op == "placeholder"], tensor_args(node)):
+            self.alias[placeholder.name] = self.alias.get(arg.name, arg.name)
+        for sub in subs:
+            if sub.op == "call_function":
+                order = self._node(sub, order, depth + 1)
+        result = next(n for n in subs if n.op == "output").args[0]
+        if isinstance(node.meta.get("val"), (list, tuple)):
+            for i, r in enumerate(result):
+                self.alias[f"{node.name}_{i}"] = self.alias.get(r.name, r.name)
+        else:
+            result = result[0] if isinstance(result, (list, tuple)) else result
+            self.alias[node.name] = self.alias.get(result.name, result.name)
+        return order
 
     def torch_op(self, node: torch.fx.Node, order: int, val: Any) -> TorchOp:
         vals = val if isinstance(val, (list, tuple)) else [val]

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..aten_facts import allocates_uninitialized
 from ..errors import IRError
 from .graph import GraphIR, Launch
 from .kernel import ParamKind
 from .symbolic import parse
 
-# torch ops that only allocate: a kernel that fully owns such a buffer produces it as an output.
-ALLOCATING_OPS = frozenset({"aten.empty_like.default", "aten.empty.memory_format",
-                            "aten.empty_strided.default", "aten.new_empty.default"})
 
 
 @dataclass(frozen=True)
@@ -58,7 +56,7 @@ def root_of(ir: GraphIR, value: str) -> str:
 def fresh_allocation(ir: GraphIR, value: str) -> bool:
     """True when ``value`` comes straight from an allocating torch op (contents undefined)."""
     producer = next((op for op in ir.ops if value in op.outputs), None)
-    return producer is not None and producer.op in ALLOCATING_OPS
+    return producer is not None and allocates_uninitialized(producer.op)
 
 
 def symbols_used(ir: GraphIR, launch: Launch) -> list[str]:

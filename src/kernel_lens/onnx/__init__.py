@@ -1,7 +1,5 @@
-"""GraphIR → ONNX: Triton launches as ``kernel_lens`` custom-domain nodes, torch ops as ONNX."""
+"""Lowering of GraphIR to ONNX: launches as custom nodes, ATen ops through onnxscript's torchlib."""
 
-from .aten import TRANSLATIONS, supported_ops
-from .lower import DOMAIN, Lowering, lower_to_onnx, onnx_dtype, save_onnx
+from .lower import DOMAIN, Lowering, lower_to_onnx, onnx_dtype, save_onnx, supported
 
-__all__ = ["DOMAIN", "Lowering", "TRANSLATIONS", "lower_to_onnx", "onnx_dtype", "save_onnx",
-           "supported_ops"]
+__all__ = ["DOMAIN", "Lowering", "lower_to_onnx", "onnx_dtype", "save_onnx", "supported"]

@@ -54,16 +54,18 @@ from pathlib import Path
 from typing import Any, Union
 
 import onnx
+import onnx.inliner
 import sympy
 from onnx import TensorProto, helper
 
+from .. import aten_facts
 from ..errors import KernelLensError, SymbolicError, UnsupportedKernelError
 from ..ir.graph import ConstArg, GraphIR, Launch, OpArg, SymArg, TensorValue, TorchOp, ValueArg
 from ..ir.kernel import ParamKind
 from ..ir.launch_io import launch_io, root_of
 from ..ir.symbolic import evaluate, parse
 from ..ir.types import DType
-from . import aten
+from . import aten, torchlib
 
 DOMAIN = "kernel_lens"
 DOMAIN_VERSION = 1
@@ -127,7 +129,8 @@ class Lowering:
         self.version: dict[str, int] = {}
         self.views: dict[tuple[str, int], str] = {}  # (view value, root version) -> ONNX name
         self._cache: dict[Any, str] = {}
-        self._copies: dict[int, bool] = {}
+        self.constant_farm: dict[Any, Any] = {}  # torchlib constants, shared by every op
+        self.functions: dict[Any, onnx.FunctionProto] = {}  # torchlib functions called
         self._counter = 0
         self._scope = "graph"
         for name in [*ir.inputs, *ir.constants]:
@@ -331,34 +334,22 @@ class Lowering:
         return self.ir.values[op.outputs[i]]
 
     def root(self, value: str) -> str:
-        """The tensor owning ``value``'s memory (as torch ran it: copies made by may-alias ops
-        are roots of their own, unlike :func:`kernel_lens.ir.launch_io.root_of`)."""
+        """The tensor owning ``value``'s memory (the IR's ``aliases`` say which ops returned
+        views when torch ran them: a reshape that copied is a root of its own)."""
         chain = self.chain(value)
         return chain[-1].aliases[0] if chain else value
 
-    def chain(self, value: str, through_copies: bool = False) -> list[TorchOp]:
+    def chain(self, value: str) -> list[TorchOp]:
         """Aliasing ops from ``value`` up to its root (nearest first)."""
         ops, seen = [], set()
         while value in self.producer and value not in seen:
             op = self.producer[value]
-            if not op.aliases or (not through_copies and self.copies(op)):
+            if not op.aliases:
                 break
             seen.add(value)
             ops.append(op)
             value = op.aliases[0]
         return ops
-
-    def copies(self, op: TorchOp) -> bool:
-        """Whether a may-alias op (reshape, contiguous, to, ...) returned a copy when torch ran
-        it: it changed the dtype, or it turned a non-dense source into a dense result."""
-        if op.op not in aten.MAY_ALIAS or not op.aliases:
-            return False
-        if op.order not in self._copies:
-            src = self.ir.values[op.aliases[0]]
-            outs = [self.ir.values[o] for o in op.outputs if o in self.ir.values]
-            self._copies[op.order] = any(o.dtype != src.dtype for o in outs) or (
-                not self._dense(src) and all(self._dense(o) for o in outs))
-        return self._copies[op.order]
 
     def tensor(self, arg: Union[OpArg, str]) -> str:
         """ONNX name of a tensor's contents *now*: the latest root version, views re-derived."""
@@ -390,16 +381,13 @@ class Lowering:
         op = self.producer[value]
         root = self.root(value)
         version = self.version.get(root, 0)
-        if aten.is_inplace(op.op):  # returns self: the target's contents now
+        if aten_facts.is_inplace(op.op):  # returns self: the target's contents now
             names = [self.tensor(op.aliases[0])] * len(op.outputs)
         else:
-            translate = aten.TRANSLATIONS.get(op.op)
-            if translate is None:
-                raise self._unsupported(op, "view")
             scope, self._scope = self._scope, f"op{op.order}"
             start = len(self.nodes)
             try:
-                names = translate(self, op)
+                names = self.translate(op)
             except UnsupportedKernelError as exc:
                 raise UnsupportedKernelError(f"torch op {op.op} at position {op.order}: {exc}") from None
             finally:
@@ -425,31 +413,72 @@ class Lowering:
         self.meta[desired] = self.ir.values[value]
         return desired
 
-    def _unsupported(self, op: TorchOp, what: str = "op") -> UnsupportedKernelError:
-        return UnsupportedKernelError(
-            f"torch {what} {op.op} at position {op.order} in program order (producing "
-            f"{', '.join(op.outputs)}) has no ONNX translation; supported ops: "
-            f"{', '.join(aten.supported_ops())} (and in-place forms 'X_' of those)")
+    def translate(self, op: TorchOp, name: str | None = None) -> list[str]:
+        """ONNX names of ``op``'s results computed as ``name`` (default ``op.op``): torchlib's
+        translation, or kernel_lens's own for the few forms it controls (:mod:`.aten`)."""
+        name = name or op.op
+        own = aten.TRANSLATIONS.get(name)
+        if own is not None:
+            return own(self, op)
+        names = torchlib.translate(self, op, name)
+        if names is None:
+            raise UnsupportedKernelError(
+                f"no ONNX translation for {name}: onnxscript's torchlib has none and torch has no "
+                f"decomposition the front end could apply (producing {', '.join(op.outputs)}); "
+                f"compute it in a Triton kernel, or rewrite the forward with ops torchlib covers")
+        return names
+
+    def add_recorded(self, nodes: list[Any], functions: dict[Any, Any]) -> None:
+        """Append nodes recorded by torchlib (onnx_ir nodes): every value gets a unique name,
+        constants shared across ops keep theirs (never renamed)."""
+        import onnx_ir as oir
+
+        def name_all(recorded) -> None:
+            for node in recorded:
+                self._counter += 1
+                if not node.name:
+                    node.name = f"{self._scope}/{node.op_type}_{self._counter}"
+                for out in node.outputs:
+                    if not out.name:
+                        out.name = self.fresh(f"{self._scope}/{node.op_type}")
+                for attr in node.attributes.values():
+                    graphs = (list(attr.value) if attr.type == oir.AttributeType.GRAPHS else
+                              [attr.value] if attr.type == oir.AttributeType.GRAPH else [])
+                    for g in graphs:
+                        for i in g.inputs:
+                            if not i.name:
+                                i.name = self.fresh(f"{self._scope}/arg")
+                        name_all(list(g))
+
+        name_all(nodes)
+        for value in self.constant_farm.values():
+            self.shared.add(value.name)
+        for node in nodes:
+            proto = oir.serde.serialize_node(node)
+            self.taken.update(proto.output)
+            self.nodes.append(proto)
+        for key, fn in functions.items():
+            if key not in self.functions:
+                self.functions[key] = (oir.serde.serialize_function(fn)
+                                       if isinstance(fn, oir.Function) else fn.to_function_proto())
 
     # --------------------------------------------------------------------- program
     def torch_op(self, op: TorchOp) -> None:
-        if op.op in aten.ALLOCATING:
+        if aten_facts.allocates_uninitialized(op.op):
             for out in op.outputs:
                 self.current[out], self.version[out] = None, 0
             return
-        inplace = aten.is_inplace(op.op)
-        if op.aliases and not inplace and not self.copies(op):
+        inplace = aten_facts.is_inplace(op.op)
+        if op.aliases and not inplace:
             return  # a view: derived from its root's latest version where it is used
-        translate = aten.TRANSLATIONS.get(op.op)
-        if translate is None and inplace:
-            translate = aten.TRANSLATIONS.get(aten.functional_name(op.op))
         scope, self._scope = self._scope, f"op{op.order}"
         start = len(self.nodes)
         try:
-            if translate is None:
-                raise self._unsupported(op)
             try:
-                names = translate(self, op)
+                if inplace and op.op not in aten.TRANSLATIONS:
+                    names = self.translate(op, aten_facts.functional_name(op.op))
+                else:
+                    names = self.translate(op)
             except UnsupportedKernelError as exc:
                 raise UnsupportedKernelError(f"torch op {op.op} at position {op.order}: {exc}") from None
             if inplace:
@@ -477,7 +506,7 @@ class Lowering:
     def _write_back(self, op: TorchOp, new: str) -> str:
         """Map the in-place result (in the target's coordinates) back to its root's."""
         for view in self.chain(op.aliases[0]):
-            if aten.is_inplace(view.op):
+            if aten_facts.is_inplace(view.op):
                 continue
             inverse = aten.INVERSE_VIEWS.get(view.op)
             why = f"no way to write through {view.op} is known"
@@ -539,23 +568,15 @@ class Lowering:
                     f"tensors are, so the kernel's strides would not match (make it .contiguous() "
                     f"before the launch)")
             # launch_io binds the kernel to the root it reaches through every aliasing op
-            for view in self.chain(arg.value, through_copies=True):
+            for view in self.chain(arg.value):
                 src = self.ir.values[view.aliases[0]]
                 outs = [self.ir.values[o] for o in view.outputs if o in self.ir.values]
                 if any(o.dtype != src.dtype for o in outs):
                     raise UnsupportedKernelError(
-                        f"{where} argument {arg.name!r}: {arg.value!r} comes from {root!r} through "
-                        f"{view.op}, which changes the dtype, so it is a copy, not {root!r}'s memory")
-                if view.op in aten.TRUE_VIEWS or aten.is_inplace(view.op):
-                    continue
-                if view.op in aten.MAY_ALIAS and not self.copies(view):
-                    continue
-                raise UnsupportedKernelError(
-                    f"{where} argument {arg.name!r}: {arg.value!r} comes from {root!r} through "
-                    f"{view.op} (position {view.order}), which "
-                    f"{'returned a copy' if view.op in aten.MAY_ALIAS else 'may return a copy'} "
-                    f"rather than a view of {root!r}; the IR records it as an alias, so the kernel "
-                    f"would be bound to {root!r}'s memory with the copy's strides")
+                        f"{where} argument {arg.name!r}: {arg.value!r} views {root!r} through "
+                        f"{view.op} (position {view.order}) as another dtype; the kernel would be "
+                        f"bound to {root!r}'s memory with {view.op}'s element type (bit casts of "
+                        f"kernel arguments are not supported: pass the tensor itself)")
 
     def _dense(self, value: TensorValue) -> bool:
         expected = sympy.Integer(1)
@@ -640,6 +661,21 @@ class Lowering:
                                              "Triton kernels")
         needed = helper.find_min_ir_version_for([helper.make_opsetid("", self.opset)])
         model.ir_version = max(min(onnx.IR_VERSION, MAX_IR_VERSION), needed)
+        if self.functions:  # torchlib functions that are not trace-only: inline them (standard
+            # opsets only, for parsers without local-function support such as TensorRT's)
+            model.functions.extend(self.functions.values())
+            known = {o.domain for o in model.opset_import}
+            for fn in self.functions.values():
+                for o in [*fn.opset_import, helper.make_opsetid(fn.domain, 1)]:
+                    if o.domain not in known:
+                        model.opset_import.append(o)
+                        known.add(o.domain)
+            model = onnx.inliner.inline_local_functions(model)
+            used = {n.domain for n in _all_nodes(model.graph)} | {"", DOMAIN}
+            kept = [o for o in model.opset_import if o.domain in used]
+            del model.opset_import[:]
+            model.opset_import.extend(kept)
+            del model.functions[:]
         return model
 
     def _prune(self, outputs: list[str]) -> list[onnx.NodeProto]:
@@ -648,8 +684,27 @@ class Lowering:
         for node in reversed(self.nodes):
             if node.domain == DOMAIN or any(o in needed for o in node.output):
                 keep.append(node)
-                needed.update(x for x in node.input if x)
+                needed.update(_inputs(node))
         return keep[::-1]
+
+
+def _all_nodes(graph: onnx.GraphProto):
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            for g in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                yield from _all_nodes(g)
+
+
+def _inputs(node: onnx.NodeProto) -> set[str]:
+    """Names a node reads, including outer-scope names its subgraphs (If/Loop bodies) use."""
+    names = {x for x in node.input if x}
+    for attr in node.attribute:
+        for g in [attr.g] if attr.HasField("g") else list(attr.graphs):
+            inner = {i.name for i in g.input} | {o for n in g.node for o in n.output}
+            for n in g.node:
+                names |= {x for x in _inputs(n) if x not in inner}
+    return names
 
 
 def _version() -> str:
@@ -658,6 +713,16 @@ def _version() -> str:
         return version("kernel_lens")
     except Exception:  # pragma: no cover - running from a source tree
         return "0.0.0+source"
+
+
+def supported(op_name: str, opset: int = MIN_OPSET) -> bool:
+    """Whether the lowering can translate the ATen overload ``op_name`` (views and in-place
+    forms through their functional op; allocations emit nothing)."""
+    if aten_facts.allocates_uninitialized(op_name) or op_name in aten.TRANSLATIONS:
+        return True
+    if aten_facts.is_inplace(op_name):
+        op_name = aten_facts.functional_name(op_name)
+    return op_name in aten.TRANSLATIONS or torchlib.translatable(op_name, opset)
 
 
 def lower_to_onnx(ir: GraphIR, *, opset: int = MIN_OPSET,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sympy
 
+from ..aten_facts import may_forward_input
 from ..errors import PassError
 from ..ir import GraphIR, KernelIR, ParamKind, Specialization, parse
 from ..ir.symbolic import bounds
@@ -19,18 +20,13 @@ from .base import Pass, PassContext, PassResult
 INT32 = (-(2**31), 2**31 - 1)
 
 
-# Copies in torch that an ONNX lowering may express as Identity, sharing the input's buffer.
-_MAY_FORWARD_INPUT = ("aten.clone.", "aten.contiguous.", "aten.alias.", "aten.detach.",
-                      "aten.lift_fresh_copy.", "aten._to_copy.", "aten.to.", "aten.type_as.")
-
-
 def _fresh_allocation(ir: GraphIR, value: str) -> bool:
     """True if ``value`` is a fresh allocation made inside the graph (aligned by allocators)."""
     if ir.values[value].kind != "intermediate":
         return False
     producer = next((op for op in ir.ops if value in op.outputs), None)
     return (producer is not None and not producer.aliases
-            and not producer.op.startswith(_MAY_FORWARD_INPUT))
+            and not may_forward_input(producer.op))
 
 
 def _always(expr: sympy.Expr, predicate) -> bool:
