@@ -46,6 +46,9 @@ def _front_half_args(p: argparse.ArgumentParser) -> None:
                    help='override tensor roles: \'{"kernel": {"param": "input"}}\'')
     p.add_argument("--autotune", type=_json, default=None,
                    help='pick autotune configs: \'{"kernel": {"BLOCK": 128}}\'')
+    p.add_argument("--dynamic", action="store_true",
+                   help="make every input dim that can vary dynamic (torch.export Dim.AUTO) "
+                        "instead of the file's dynamic_shapes; prints the ranges settled on")
     p.add_argument("--ptx-version", default=None, help="lower PTX to this ISA version (e.g. 8.4)")
     p.add_argument("--cuda-version", default=None,
                    help="lower PTX to what this CUDA driver version accepts (e.g. 12.4)")
@@ -105,9 +108,24 @@ def _compile(args: argparse.Namespace, **kwargs):
     from .model_file import load_model_file
 
     mf = load_model_file(args.file)
-    return compile(mf.model, mf.example_inputs, dynamic_shapes=mf.dynamic_shapes, arch=args.arch,
-                   roles=args.roles or mf.roles, autotune=args.autotune or mf.autotune,
-                   options=_options(args), **kwargs)
+    compiled = compile(mf.model, mf.example_inputs, arch=args.arch, **_shapes(args, mf),
+                       roles=args.roles or mf.roles, autotune=args.autotune or mf.autotune,
+                       options=_options(args), **kwargs)
+    _report_dims(args, compiled.ir)
+    return compiled
+
+
+def _shapes(args: argparse.Namespace, mf) -> dict:
+    """--dynamic replaces the file's dynamic_shapes (its own Dims are then not used)."""
+    return {"dynamic": True} if args.dynamic else {"dynamic_shapes": mf.dynamic_shapes}
+
+
+def _report_dims(args: argparse.Namespace, ir) -> None:
+    if args.dynamic:
+        from .frontends.lift import describe_dims
+
+        print("dynamic dims (--dynamic):\n  " + describe_dims(ir).replace("\n", "\n  "),
+              file=sys.stderr)
 
 
 def cmd_dump_ir(args: argparse.Namespace) -> int:
@@ -123,8 +141,9 @@ def cmd_dump_ir(args: argparse.Namespace) -> int:
         from .summary import summarize
 
         mf = load_model_file(args.file)
-        ir = lift(mf.model, mf.example_inputs, dynamic_shapes=mf.dynamic_shapes, arch=args.arch,
+        ir = lift(mf.model, mf.example_inputs, arch=args.arch, **_shapes(args, mf),
                   roles=args.roles or mf.roles, autotune=args.autotune or mf.autotune)
+        _report_dims(args, ir)
         print(ir.to_json() if args.json else summarize(ir), end="\n" if args.json else "")
         return 0
     compiled = _compile(args, stop_after=args.after)

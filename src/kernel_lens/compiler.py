@@ -214,12 +214,14 @@ def compile(model: Callable, example_inputs: Iterable[Any], *, dynamic_shapes: A
             arch: int | None = None, roles: dict[str, dict[str, str]] | None = None,
             autotune: dict[str, dict] | None = None, pass_manager: PassManager | None = None,
             options: dict | None = None, output_dir: str | Path | None = None,
-            targets: Iterable[str] = (),
+            targets: Iterable[str] = (), dynamic: bool = False,
             stop_after: str | None = None, dump_after: Iterable[str] = (),
             dump: Callable[[str, GraphIR], None] | None = None) -> CompiledModel:
     """Lift ``model`` into GraphIR and run the pass pipeline over it.
 
-    ``dynamic_shapes`` follows torch.export; ``roles`` overrides role inference per kernel
+    ``dynamic_shapes`` follows torch.export; ``dynamic=True`` instead makes every input dim
+    that can vary dynamic (``Dim.AUTO``; the ranges torch settled on are ``ir.symbols``, shown
+    by ``summary()``); ``roles`` overrides role inference per kernel
     (``{"kernel": {"param": "input"}}``); ``autotune`` picks a config per autotuned kernel
     (``{"kernel": {"BLOCK": 128}}``); ``options`` configure passes (e.g. ``ptx_version``);
     ``targets`` (e.g. ``["ort"]``) are built into ``output_dir``.
@@ -228,7 +230,7 @@ def compile(model: Callable, example_inputs: Iterable[Any], *, dynamic_shapes: A
     if output_dir is not None:
         check_folder(output_dir)  # a file there is refused before any work starts
     ir, outputs = lift_with_outputs(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes,
-                                    arch=arch, roles=roles, autotune=autotune)
+                                    arch=arch, roles=roles, autotune=autotune, dynamic=dynamic)
     pm = pass_manager or default_pipeline()
     ir = pm.run(ir, pass_context(options), stop_after=stop_after, dump_after=dump_after, dump=dump)
     compiled = CompiledModel(ir, outputs, list(pm.timings))

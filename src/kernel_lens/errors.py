@@ -23,6 +23,15 @@ class TraceError(KernelLensError):
     """The symbolic trace (torch.export) could not express the model."""
 
 
+class DynamicConstexprError(TraceError):
+    """A constexpr depends on a dynamic dim; ``dims`` lists the (input name, dim) pairs it
+    depends on, so ``dynamic=True`` can make exactly those static and trace again."""
+
+    def __init__(self, message: str, dims: list[tuple[str, int]]):
+        super().__init__(message)
+        self.dims = dims
+
+
 class RoleInferenceError(KernelLensError):
     """A tensor parameter's role (input/output/inplace) cannot be proven from the kernel's AST."""
 

@@ -13,7 +13,7 @@ import torch
 from torch.export.graph_signature import InputKind
 
 from ..archs import check_arch
-from ..errors import InputError, TraceError, UnsupportedKernelError
+from ..errors import DynamicConstexprError, InputError, TraceError, UnsupportedKernelError
 from ..ir import (CompileOptions, ConstantData, ConstArg, Dispatch, GraphIR, KernelIR, KernelParam, Launch,
                   LaunchArg, ListArg, ParamKind, Role, SymArg, SymbolInfo, TensorValue, TorchOp,
                   ValueArg, format_expr, symbol)
@@ -275,6 +275,8 @@ def _dim_name(dynamic_shapes: Any, i: int, input_name: str, d: int) -> str | Non
         dim = entry[d]
     else:
         dim = None
+    if dim is not None and not hasattr(dim, "__name__") and input_name:  # Dim.AUTO / DYNAMIC
+        return f"{input_name}_{d}"
     return getattr(dim, "__name__", None)
 
 
@@ -475,19 +477,75 @@ def lift(model: Callable, example_inputs: tuple, **kwargs: Any) -> GraphIR:
     return lift_with_outputs(model, example_inputs, **kwargs)[0]
 
 
+def auto_dynamic_shapes(example_inputs: tuple) -> tuple:
+    """``dynamic=True``: every dim of every input may vary (torch.export's ``Dim.AUTO``); torch
+    keeps static the dims the forward pins (weights' sizes, size-1 dims) and settles the rest."""
+    return tuple({d: torch.export.Dim.AUTO for d in range(t.dim())} for t in example_inputs)
+
+
+def describe_dims(ir: GraphIR) -> str:
+    """One line per dynamic dim: which input and dim, and the range torch settled on."""
+    lines = []
+    for name, info in ir.symbols.items():
+        where = f"{ir.inputs[info.input]}.shape[{info.dim}]"
+        if info.scale != 1 or info.offset:
+            where = f"({where} - {info.offset}) / {info.scale}" if info.offset else f"{where} / {info.scale}"
+        upper = "inf" if info.max is None else str(info.max)
+        lines.append(f"{name} = {where} in [{info.min}, {upper}] (example {info.example})")
+    return "\n".join(lines) if lines else "(no dynamic dims: every size is static)"
+
+
+def _make_static(model: Callable, shapes: tuple, dims: list[tuple[str, int]]) -> bool:
+    """Mark ``dims`` ((forward argument name or ``args[i]``, dim)) static in ``shapes``;
+    False when none of them could be (so tracing again would fail the same way)."""
+    import inspect
+    import re
+
+    forward = model.forward if isinstance(model, torch.nn.Module) else model
+    try:
+        names = list(inspect.signature(forward).parameters)
+    except (TypeError, ValueError):
+        names = []
+    changed = False
+    for label, d in dims:
+        match = re.fullmatch(r"\w+\[(\d+)\]", label)
+        i = int(match.group(1)) if match else names.index(label) if label in names else None
+        static = torch.export.Dim.STATIC
+        if i is not None and i < len(shapes) and shapes[i].get(d, static) is not static:
+            shapes[i][d] = static
+            changed = True
+    return changed
+
+
 def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes: Any = None,
                       arch: int | None = None, roles: dict[str, dict[str, str]] | None = None,
                       autotune: dict[str, dict] | None = None,
-                      name: str | None = None) -> tuple[GraphIR, Any]:
-    """:func:`lift`, also returning what the captured eager forward returned."""
+                      name: str | None = None, dynamic: bool = False) -> tuple[GraphIR, Any]:
+    """:func:`lift`, also returning what the captured eager forward returned.
+
+    ``dynamic=True`` makes every input dim that can vary dynamic (``Dim.AUTO``) instead of
+    ``dynamic_shapes``; the ranges torch settled on are logged and are the IR's ``symbols``."""
     example_inputs = check_example_inputs(example_inputs)
+    if dynamic and dynamic_shapes is not None:
+        raise InputError("pass either dynamic=True or dynamic_shapes, not both (dynamic=True "
+                         "makes every input dim that can vary dynamic)")
+    if dynamic:
+        dynamic_shapes = auto_dynamic_shapes(example_inputs)
     arch = check_arch(default_arch() if arch is None else arch)
     roles = check_roles(roles)
     if not callable(model):
         raise InputError(f"model must be a torch.nn.Module or a callable, got {type(model).__name__}")
     display = name or getattr(model, "__name__", None) or type(model).__name__
     captured = capture(model, tuple(example_inputs), arch, autotune)
-    program, traced = trace(model, tuple(example_inputs), dynamic_shapes, captured.launches)
+    while True:
+        try:
+            program, traced = trace(model, tuple(example_inputs), dynamic_shapes, captured.launches)
+            break
+        except DynamicConstexprError as exc:  # dynamic=True: a constexpr pins these dims
+            if not dynamic or not _make_static(model, dynamic_shapes, exc.dims):
+                raise
+            log.info("dynamic=True: %s are static (a kernel constexpr depends on them)",
+                     ", ".join(f"{n}.shape[{d}]" for n, d in exc.dims))
     variant_launches, owners = guard_variants(captured.launches, traced)
     kernels, launch_kernels = build_kernels(captured.launches + [v for v, _ in variant_launches])
     variants: dict[int, list[tuple[dict[str, bool], str]]] = {}
@@ -505,4 +563,6 @@ def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes:
         outputs=outputs, values=builder.values, constants=builder.constants, ops=builder.ops,
         launches=builder.launches, kernels=kernels,
     )
+    if dynamic:
+        log.info("dynamic=True settled on:\n%s", describe_dims(ir))
     return ir, captured.outputs

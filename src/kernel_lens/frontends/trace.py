@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, List
 import torch
 
 from .._gc import paused_then_frozen
-from ..errors import KernelLensError, TraceError, UnsupportedKernelError
+from ..errors import DynamicConstexprError, KernelLensError, TraceError, UnsupportedKernelError
 from . import triton_compat as tc
 from .capture import (CapturedLaunch, _normalize_grid, _patched, check_arguments, innermost_jit,
                       kernel_name)
@@ -83,11 +83,12 @@ class _Tracer:
                     guards[p.name] = value
                     continue
                 if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-                    raise TraceError(
-                        f"kernel {kernel}: constexpr {p.name!r} = {value} depends on a dynamic "
-                        f"dimension; a constexpr is baked into the binary, so compute it from "
-                        f"static sizes or mark that dimension static"
-                    )
+                    dims = _input_dims(value)
+                    where = ", ".join(f"{n}.shape[{d}]" for n, d in dims) or "a dynamic dimension"
+                    raise DynamicConstexprError(
+                        f"kernel {kernel}: constexpr {p.name!r} = {_short(value)} depends on "
+                        f"{where}; a constexpr is baked into the binary, so compute it from "
+                        f"static sizes or mark that dimension static", dims)
                 if value != captured.params[p.name]:
                     raise TraceError(f"kernel {kernel}: constexpr {p.name!r} differs between eager "
                                      f"({captured.params[p.name]}) and trace ({value})")
@@ -126,6 +127,27 @@ def _grid_entry(value: Any, kernel: str) -> Any:
     if isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool):
         return value
     raise UnsupportedKernelError(f"kernel {kernel}: grid entry {value!r} is not an int")
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = str(value)
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def _input_dims(value: Any) -> list[tuple[str, int]]:
+    """The (forward argument name, dim) pairs a symbolic size is computed from."""
+    import re
+
+    env = value.node.shape_env
+    dims = []
+    for sym in sorted(value.node.expr.free_symbols, key=str):
+        for source in env.var_to_sources.get(sym, []):
+            base, idx = getattr(getattr(source, "base", None), "name", None), getattr(source, "idx", None)
+            match = re.search(r"\['([^']+)'\](\[\d+\])?$", base or "")  # L['x'], L['args'][0]
+            label = match.group(1) + (match.group(2) or "") if match else None
+            if label and isinstance(idx, int) and (label, idx) not in dims:
+                dims.append((label, idx))
+    return dims
 
 
 def _first_line(exc: BaseException) -> str:
