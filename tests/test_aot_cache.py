@@ -13,6 +13,7 @@ import pytest
 import triton
 
 import kernel_lens as kl
+from kernel_lens.toolchain import entry_cache
 from kernel_lens.errors import CompilationError
 from kernel_lens.frontends import aot
 from kernel_lens.frontends.aot import compile_binary
@@ -86,7 +87,7 @@ def _foreign(path):  # a valid entry, but written for another key
     entry = json.loads(body)
     entry["key"] = "0" * 64
     body = json.dumps(entry, sort_keys=True).encode()
-    path.write_bytes(f"{aot._CACHE_SCHEMA} {hashlib.sha256(body).hexdigest()}\n".encode() + body)
+    path.write_bytes(f"{entry_cache.SCHEMA} {hashlib.sha256(body).hexdigest()}\n".encode() + body)
 
 
 def _group_writable(path):

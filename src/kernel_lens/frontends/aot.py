@@ -33,7 +33,7 @@ from types import SimpleNamespace
 import triton
 from triton.compiler import ASTSource
 
-from ..errors import CacheError, CompilationError
+from ..errors import CompilationError
 from ..ir import AbiParam, DType, KernelBinary, KernelIR, ParamKind, Specialization
 from . import triton_compat as tc
 from .source import resolve_jit
@@ -132,41 +132,40 @@ def _cache_usable() -> bool:
     return not any(getattr(comp, k, False) for k in ("always_compile", "override", "dump_ir"))
 
 
-def _read_entry(path: Path, key: str) -> tuple[SimpleNamespace | None, str | None]:
-    """(compiled, None) for a trusted entry of ``key``; (None, why not) otherwise; (None, None)
-    when there is none."""
-    from ..toolchain.build import _read_trusted
+def _read_entry(key: str) -> SimpleNamespace | None:
+    """The compiled kernel of a trusted cache entry for ``key``, or None."""
+    from ..toolchain import entry_cache
 
-    data, problem = _read_trusted(path)
-    if problem or data is None:
-        return None, problem
-    header, _, body = data.partition(b"\n")
-    fields = header.decode("ascii", "replace").split()
-    if len(fields) != 2 or fields[0] != _CACHE_SCHEMA or fields[1] != hashlib.sha256(body).hexdigest():
-        return None, "its recorded sha256 does not match its content"
+    body = entry_cache.read("aot", key, ".json")
+    if body is None:
+        return None
     try:
         entry = json.loads(body)
         if entry["key"] != key:
-            return None, "it was written for another key"
+            log.warning("kernel binary cache entry %s was written for another key; recompiling it",
+                        key[:16])
+            return None
         md = {k: entry[k] for k in _MD_FIELDS}
-        if not (isinstance(md["name"], str) and all(isinstance(md[k], int) for k in _MD_FIELDS[1:])
+        if entry["schema"] != _CACHE_SCHEMA or not (
+                isinstance(md["name"], str) and all(isinstance(md[k], int) for k in _MD_FIELDS[1:])
                 and isinstance(entry["ptx"], str)):
-            return None, "it is malformed"
+            raise ValueError("fields")
         asm = {"ptx": entry["ptx"], "cubin": base64.b64decode(entry["cubin"], validate=True)}
     except (ValueError, KeyError, TypeError) as exc:
-        return None, f"it is malformed ({type(exc).__name__})"
-    return SimpleNamespace(metadata=SimpleNamespace(**md), asm=asm), None
+        log.warning("kernel binary cache entry for %s is malformed (%s); recompiling it", key[:16],
+                    type(exc).__name__)
+        return None
+    return SimpleNamespace(metadata=SimpleNamespace(**md), asm=asm)
 
 
-def _write_entry(path: Path, key: str, compiled) -> None:
-    from ..fileio import atomic_write
+def _write_entry(key: str, compiled) -> None:
+    from ..toolchain import entry_cache
 
     md = compiled.metadata
-    entry = {"key": key, **{k: getattr(md, k, _MD_DEFAULTS.get(k)) for k in _MD_FIELDS},
+    entry = {"key": key, "schema": _CACHE_SCHEMA,
+             **{k: getattr(md, k, _MD_DEFAULTS.get(k)) for k in _MD_FIELDS},
              "ptx": compiled.asm["ptx"], "cubin": base64.b64encode(compiled.asm["cubin"]).decode("ascii")}
-    body = json.dumps(entry, sort_keys=True).encode()
-    atomic_write(path, f"{_CACHE_SCHEMA} {hashlib.sha256(body).hexdigest()}\n".encode() + body,
-                 mode=0o644)
+    entry_cache.write("aot", key, json.dumps(entry, sort_keys=True).encode(), ".json")
 
 
 def _compile(kernel: KernelIR, src: ASTSource, arch: int, options: dict):
@@ -185,23 +184,12 @@ def _compile(kernel: KernelIR, src: ASTSource, arch: int, options: dict):
     backend = tc.backend_for(arch)
     parsed = backend.parse_options(dict(options, **src.parse_options()))
     key = _cache_key(src, backend, parsed, get_cache_invalidating_env_vars())
-    path = binary_cache_dir() / f"{key}.json"
-    try:
-        from ..toolchain.build import _checked_folder
-
-        _checked_folder(path.parent.parent, "root", create=True)
-        _checked_folder(path.parent, "key folder", create=True)
-    except CacheError as exc:
-        log.warning("kernel binary cache not used: %s", exc)
-        return fresh()
-    cached, problem = _read_entry(path, key)
+    cached = _read_entry(key)
     if cached is not None:
         return cached
-    if problem:
-        log.warning("kernel binary cache entry %s not used, recompiling it: %s", path, problem)
     compiled = fresh()
     try:
-        _write_entry(path, key, compiled)
+        _write_entry(key, compiled)
     except OSError as exc:
         log.warning("kernel %s: its binary was not cached: %s", kernel.name, exc)
     return compiled

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -41,9 +42,14 @@ def needs_decomposition(target: Any) -> bool:
 def _decomposition(target: Any) -> Any:
     if torch._C._dispatch_has_kernel_for_dispatch_key(target.name(), "CompositeImplicitAutograd"):
         return target  # tracing below the autograd key runs its composite kernel
+    return _table().get(target)
+
+
+@lru_cache(maxsize=1)
+def _table() -> Any:
     from torch._decomp import core_aten_decompositions
 
-    return core_aten_decompositions().get(target)
+    return core_aten_decompositions()
 
 
 def decompose(node: torch.fx.Node) -> torch.fx.GraphModule | None:

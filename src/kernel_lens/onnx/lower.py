@@ -735,6 +735,33 @@ def lower_to_onnx(ir: GraphIR, *, opset: int = MIN_OPSET,
     return Lowering(ir, opset, mutated_inputs).run()
 
 
+def lower_to_onnx_cached(ir: GraphIR, *, opset: int = MIN_OPSET) -> onnx.ModelProto:
+    """:func:`lower_to_onnx`, reused from the kernel_lens cache when the same IR was lowered by
+    the same lowering code and library versions (a recompile with nothing changed never imports
+    torchlib). Models past protobuf's 2 GB limit are not cached."""
+    from importlib.metadata import version
+
+    import torch
+
+    from ..toolchain import entry_cache
+
+    code = [Path(__file__).parent / f for f in ("lower.py", "aten.py", "torchlib.py")]
+    code += [Path(__file__).parents[1] / "aten_facts.py", Path(__file__).parents[1] / "ir" / "launch_io.py"]
+    key = entry_cache.key_of("onnx/1", _version(), torch.__version__, version("onnxscript"),
+                             onnx.__version__, opset, *(p.read_bytes() for p in code),
+                             ir.to_json(indent=None).encode())
+    body = entry_cache.read("onnx", key, ".onnx")
+    if body is not None:
+        try:
+            return onnx.ModelProto.FromString(body)
+        except Exception:  # noqa: BLE001 - a damaged entry is rebuilt
+            pass
+    model = lower_to_onnx(ir, opset=opset)
+    if model.ByteSize() < 1_800_000_000:
+        entry_cache.write("onnx", key, model.SerializeToString(), ".onnx")
+    return model
+
+
 def save_onnx(model: onnx.ModelProto, path: Union[str, Path]) -> Path:
     """Write ``model`` to ``path``; weights go to an external-data file beside it past 2 GB."""
     import os

@@ -59,7 +59,46 @@ def function_for(op_name: str, opset: int) -> Any:
 
 
 def translatable(op_name: str, opset: int) -> bool:
-    return function_for(op_name, opset) is not None
+    """Whether torchlib translates ``op_name``: answered from a cached list of torchlib's ATen
+    overloads (per torch, onnxscript and opset), so the front end does not build the registry
+    (about a second) when nothing changed."""
+    return op_name in _translatable_names(opset)
+
+
+@lru_cache(maxsize=None)
+def _translatable_names(opset: int) -> frozenset[str]:
+    import json
+    from importlib.metadata import version
+
+    import torch
+
+    from ..toolchain import entry_cache
+
+    key = entry_cache.key_of("torchlib-ops/2", torch.__version__, version("onnxscript"), opset)
+    body = entry_cache.read("torchlib", key, ".json")
+    if body is not None:
+        try:
+            return frozenset(json.loads(body))
+        except ValueError:
+            pass
+    names = sorted({_ir_name(target) for target, metas in registry(opset).functions.items()
+                    if any(not m.is_complex for m in metas)} - {None})
+    entry_cache.write("torchlib", key, json.dumps(names).encode(), ".json")
+    return frozenset(names)
+
+
+def _ir_name(target: Any) -> str | None:
+    """The IR's name of a registry key: ``'aten::add.Tensor'`` -> ``'aten.add.Tensor'``,
+    ``'aten::abs'`` -> ``'aten.abs.default'``, an OpOverload likewise; None for the rest."""
+    import torch
+
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target).removeprefix("torch.ops.")
+    if isinstance(target, str) and "::" in target:
+        namespace, rest = target.split("::", 1)
+        packet, _, overload = rest.partition(".")
+        return f"{namespace}.{packet}.{overload or 'default'}"
+    return None
 
 
 @lru_cache(maxsize=1)

@@ -8,7 +8,7 @@ from pathlib import Path
 from ...errors import KernelLensError
 from ...fileio import atomic_copy, ensure_folder, inside
 from ...ir import GraphIR
-from ...onnx import lower_to_onnx, save_onnx
+from ...onnx.lower import lower_to_onnx_cached, save_onnx
 from ...toolchain.build import build_shared_library
 from ...toolchain.headers import find_ort_include, ort_api_version
 from ..base import Target
@@ -42,7 +42,7 @@ class OrtTarget(Target):
         include = find_ort_include()
         api = ort_api_version(include)
         model_path = inside(out_dir, f"{ir.name}.onnx")
-        save_onnx(lower_to_onnx(ir), model_path)
+        save_onnx(lower_to_onnx_cached(ir), model_path)
         library = build_shared_library(f"kl_{ir.name}_ort", ort_sources(ir, api),
                                        include_dirs=[include], key_extra=f"ort-api-{api}")
         lib_path = atomic_copy(library, inside(out_dir, f"libkl_{ir.name}_ort.so"))
