@@ -21,7 +21,7 @@ from conftest import EXAMPLES, ROOT, corpus_files, flatten, load_module
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 MODELS = {p.stem: p for p in corpus_files()}
-MODELS.update({p.stem: p for p in sorted(EXAMPLES.glob("*.py"))})
+MODELS.update({p.stem: p for p in sorted(EXAMPLES.glob("*.py")) if not p.name.startswith("_")})
 
 
 def _cuda_model(module):

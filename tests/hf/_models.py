@@ -5,7 +5,7 @@ activations and rotary embeddings.
 
 - ``model``: a :class:`HFWithTriton` wrapping ``XxxModel(config)`` (random weights from a seeded
   init, nothing downloaded; hidden 64, 2 layers, 4 heads, vocab 128, ``sdpa`` attention) whose
-  norm / MLP / activation *module instances* are replaced by ``_kernels`` modules sharing the same
+  norm / MLP / activation *module instances* are replaced by ``examples/_hf_kernels`` modules sharing the same
   parameters. RoPE is a module-level function in transformers, so ``forward`` swaps the modeling
   module's ``apply_rotary_pos_emb`` for the Triton one for the duration of the call only (always
   restored). ``forward(input_ids)`` returns ``last_hidden_state`` (one tensor).
@@ -29,7 +29,11 @@ import torch
 import transformers
 from torch.export import Dim
 
-import _kernels as K
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))  # the kernels live there
+import _hf_kernels as K  # noqa: E402
 
 ARCHS = ("llama", "mistral", "qwen2", "gemma", "phi", "gpt2", "opt", "bert")
 
