@@ -26,8 +26,8 @@ from kernel_lens.frontends.capture import capture
 from kernel_lens.ir import ParamKind, evaluate, parse
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "hf"))
-import _kernels as K  # noqa: E402
 import _models as M  # noqa: E402
+K = M.K  # the Triton drop-ins (examples/_hf_kernels.py)
 
 
 @pytest.fixture(scope="module", params=M.ARCHS)
