@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU host after staging (see ../shared/docs/environment.md). Usage:
-#   bash scripts/gpu_suite.sh PART        PART: ort | capture | all
+#   bash scripts/gpu_suite.sh PART        PART: ort | hf | capture | all
 # Logs and a JUnit XML go to $OUT (or ./gpu_out). kernel_lens runs from src/; its entry points
 # (the target registry) come from a minimal dist-info, so nothing is pip-installed.
 set -uo pipefail
@@ -14,10 +14,11 @@ printf '[kernel_lens.targets]\nort = kernel_lens.targets.ort:OrtTarget\n' > "$ep
 export PYTHONPATH="$PWD/src:/tmp/kl-ep:$PYTHONPATH"
 {
   date -u; nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader
-  python3 -c "import sys, torch, triton, onnxruntime, pydantic; print(sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'onnxruntime', onnxruntime.__version__, 'pydantic', pydantic.VERSION)"
+  python3 -c "import sys, torch, triton, onnxruntime, pydantic, onnxscript; print(sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'onnxruntime', onnxruntime.__version__, 'onnxscript', onnxscript.__version__, 'pydantic', pydantic.VERSION)"
 } > "$out/env.txt" 2>&1
 case "${1:-all}" in
   ort) tests=(tests/gpu/test_gpu_ort.py) ;;
+  hf) tests=(tests/gpu/test_gpu_hf.py tests/gpu/test_gpu_runtime.py) ;;
   capture) tests=(tests/gpu/test_gpu_capture.py tests/test_corpus.py tests/test_capture.py tests/test_hardening.py tests/test_runtime_cpp.py) ;;
   *) tests=(tests/gpu tests/test_corpus.py tests/test_capture.py tests/test_hardening.py) ;;
 esac
