@@ -42,6 +42,11 @@ def corpus_files():
     return sorted(p for p in CORPUS.glob("*.py") if not p.name.startswith("_"))
 
 
+def example_files():
+    """Example model files (``_*.py`` are helper modules they import)."""
+    return sorted(p for p in EXAMPLES.glob("*.py") if not p.name.startswith("_"))
+
+
 @pytest.fixture(scope="session")
 def corpus_ids():
     return [p.stem for p in corpus_files()]

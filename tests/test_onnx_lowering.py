@@ -127,6 +127,8 @@ def _check_structure(ir: GraphIR, model: onnx.ModelProto) -> None:
     kernel_nodes = [n for n in graph.node if n.domain == DOMAIN]
     assert len(kernel_nodes) == len(ir.launches)
     current: dict[str, str] = {}
+    names = ({o for n in graph.node for o in n.output} | {i.name for i in graph.input}
+             | {t.name for t in graph.initializer})
     for idx, (launch, node) in enumerate(zip(ir.launches, kernel_nodes)):
         io = launch_io(ir, launch, f"__{launch.order}")
         assert node.op_type == launch.kernel
@@ -135,9 +137,14 @@ def _check_structure(ir: GraphIR, model: onnx.ModelProto) -> None:
         assert len(node.input) == len(io.inputs)
         for got, value in zip(node.input, io.inputs):
             want = current.get(value, value)
-            assert got == want or got.startswith(f"{value}.zeros"), (got, value)
-        assert list(node.output) == [new for _, new in io.outputs]
-        current.update(io.outputs)
+            # constant folding may replace a value that is a copy of another (Identity) by it
+            assert got == want or got.startswith(f"{value}.zeros") or want not in names, (got, value)
+        # a kernel result that is a graph output as is takes the output's name (folded Identity)
+        graph_outputs = {o.name for o in graph.output}
+        assert len(node.output) == len(io.outputs)
+        for got, (_, new) in zip(node.output, io.outputs):
+            assert got == new or got in graph_outputs, (got, new)
+        current.update({value: got for (value, _), got in zip(io.outputs, node.output)})
     # topologically valid, every node input produced
     known = {i.name for i in graph.input} | {t.name for t in graph.initializer}
     for node in graph.node:
@@ -194,7 +201,9 @@ def test_llama_graph_shape_and_pruning(tmp_path):
     allocs = [o for op in ir.ops if allocates_uninitialized(op.op) for o in op.outputs]
     assert allocs and ops
     assert not [n.name for n in model.graph.node if n.name.split(".zeros")[0] in allocs]
-    assert {t.name for t in model.graph.initializer} == set(ir.constants)
+    # weights are initializers; constant folding may replace one by its folded transpose
+    inits = {t.name for t in model.graph.initializer}
+    assert all(n in ir.constants or "/" in n for n in inits) and inits & set(ir.constants)
     path = save_onnx(model, tmp_path / "llama.onnx")
     again = onnx.load(str(path))
     assert again.graph.name == ir.name and len(again.graph.node) == len(model.graph.node)
@@ -212,10 +221,11 @@ def test_inplace_graph_input_is_renamed_and_output_as_mutated():
     _, ir = _compiled("inplace_input")
     model = lower_to_onnx(ir)
     node = next(n for n in model.graph.node if n.domain == DOMAIN)
-    assert list(node.output) == ["y__0"]
+    # the kernel's new y is the model's output as is: folding names it output_0 ("y__0" before)
+    assert list(node.output) == ["output_0"]
     sources = {n.output[0]: n.input[0] for n in model.graph.node if n.op_type == "Identity"}
     assert [o.name for o in model.graph.output] == ["output_0", "mutated_y"]
-    assert sources["output_0"] == sources["mutated_y"] == "y__0"
+    assert sources["mutated_y"] == "output_0"
     plain = lower_to_onnx(ir, mutated_inputs=False)
     assert [o.name for o in plain.graph.output] == ["output_0"]
 

@@ -21,10 +21,10 @@ from kernel_lens.targets.base import available_targets
 from kernel_lens.targets.ort.target import ort_sources
 from kernel_lens.toolchain.build import build_shared_library
 
-from conftest import EXAMPLES, ROOT, corpus_files, load_module
+from conftest import ROOT, corpus_files, example_files, load_module
 
 MODELS = {p.stem: p for p in corpus_files()}
-MODELS.update({p.stem: p for p in sorted(EXAMPLES.glob("*.py"))})
+MODELS.update({p.stem: p for p in example_files()})
 
 
 @pytest.fixture(autouse=True)

@@ -16,12 +16,12 @@ import torch
 import kernel_lens as kl
 from kernel_lens.ir import evaluate, parse
 
-from conftest import EXAMPLES, ROOT, corpus_files, flatten, load_module
+from conftest import ROOT, corpus_files, example_files, flatten, load_module
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 MODELS = {p.stem: p for p in corpus_files()}
-MODELS.update({p.stem: p for p in sorted(EXAMPLES.glob("*.py")) if not p.name.startswith("_")})
+MODELS.update({p.stem: p for p in example_files()})
 
 
 def _cuda_model(module):

@@ -9,8 +9,9 @@ Contract (the generated custom-op library implements the ``kernel_lens`` nodes):
 * Launch ``idx`` of ``ir.launches`` is ONE node: op_type = kernel id, domain ``kernel_lens``,
   name ``launch{idx}_{kernel}``, INT attribute ``launch = idx``, wired exactly as
   :func:`kernel_lens.ir.launch_io.launch_io` says (suffix ``__{launch.order}``): inputs are the
-  current names of ``io.inputs``, outputs the new names of ``io.outputs``; later uses of a
-  written value refer to its new name.
+  current names of ``io.inputs``, outputs the new names of ``io.outputs`` (or the graph output's
+  name, when that output is the kernel's result unchanged: constant folding drops the Identity);
+  later uses of a written value refer to its new name. Bindings are positional.
 * Graph outputs are ``output_0, output_1, ...`` (Identity of ``ir.outputs`` resolved through
   the renaming), then ``mutated_<input>`` for each graph input the model writes in place (a
   kernel or an in-place torch op): its final contents, which the runtime copies back into the
@@ -732,7 +733,27 @@ def lower_to_onnx(ir: GraphIR, *, opset: int = MIN_OPSET,
     ``mutated_inputs``: also output ``mutated_<input>`` for each graph input the model writes
     in place (ONNX cannot mutate inputs; the runtime copies these back into the caller's tensors).
     """
-    return Lowering(ir, opset, mutated_inputs).run()
+    return optimize(Lowering(ir, opset, mutated_inputs).run())
+
+
+def optimize(model: onnx.ModelProto) -> onnx.ModelProto:
+    """onnxscript's constant folding and dead-node removal (part of what
+    ``torch.onnx.export(..., optimize=True)`` runs): folds what is constant (a shape-derived
+    attention scale for a static head size, CastLike, small weight transposes), removes what is
+    unused. No rewrite rules; the one renaming is folding's: a value that only reaches a graph
+    output through Identity takes the output's name (``output_0``), kernel outputs included. Without it, ORT places the leftover shape arithmetic on the CPU, which CUDA-graph mode
+    refuses."""
+    import onnx_ir
+    import onnxscript.optimizer
+
+    version = model.ir_version
+    graph = onnx_ir.serde.deserialize_model(model)
+    for _ in range(2):  # constant folding and dead-node removal only: no rewrites that rename
+        onnxscript.optimizer.fold_constants(graph)
+        onnxscript.optimizer.remove_unused_nodes(graph)
+    out = onnx_ir.serde.serialize_model(graph)
+    out.ir_version = version
+    return out
 
 
 def lower_to_onnx_cached(ir: GraphIR, *, opset: int = MIN_OPSET) -> onnx.ModelProto:
