@@ -47,3 +47,61 @@ def test_native_capture_matches_reference_and_jit(name):
                 and ours.ptx not in jit_ptx:
             continue  # a guard variant the example never launched: the JIT never compiled it
         assert ours.ptx in jit_ptx, f"{kernel.id}: AOT PTX differs from Triton's JIT PTX"
+
+
+# --- launches through the handle kernel.warmup(...) returns -------------------------------------
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+
+@triton.jit
+def _softmax_kernel(out_ptr, in_ptr, in_stride, out_stride, n_rows, n_cols,
+                    BLOCK_SIZE: tl.constexpr, num_stages: tl.constexpr):
+    row_start = tl.program_id(0)
+    row_step = tl.num_programs(0)
+    for row_idx in tl.range(row_start, n_rows, row_step, num_stages=num_stages):
+        cols = tl.arange(0, BLOCK_SIZE)
+        mask = cols < n_cols
+        row = tl.load(in_ptr + row_idx * in_stride + cols, mask=mask, other=-float("inf"))
+        num = tl.exp(row - tl.max(row, axis=0))
+        tl.store(out_ptr + row_idx * out_stride + cols, num / tl.sum(num, axis=0), mask=mask)
+
+
+def _warm(x, y):
+    return _softmax_kernel.warmup(y, x, x.stride(0), y.stride(0), x.shape[0], x.shape[1],
+                                  BLOCK_SIZE=triton.next_power_of_2(x.shape[1]), num_stages=2,
+                                  num_warps=8, grid=(1,))
+
+
+class _TutorialSoftmax(torch.nn.Module):
+    """Triton's fused-softmax tutorial: warm the kernel up (here, or once before), read its
+    registers and shared memory, launch the compiled handle."""
+
+    handle = None
+
+    def forward(self, x):
+        n_rows, n_cols = x.shape
+        y = torch.empty_like(x)
+        kernel = self.handle if self.handle is not None else _warm(x, y)
+        kernel._init_handles()
+        assert kernel.n_regs > 0 and kernel.metadata.shared >= 0
+        self.seen = kernel
+        kernel[(n_rows, 1, 1)](y, x, x.stride(0), y.stride(0), n_rows, n_cols,
+                               triton.next_power_of_2(n_cols), 2)
+        return y
+
+
+@pytest.mark.parametrize("prewarmed", [False, True])
+def test_launch_through_warmup_handle_is_captured_natively(prewarmed):
+    x = torch.randn(37, 100, device="cuda")
+    model = _TutorialSoftmax()
+    if prewarmed:  # warmed up outside the forward: read off Triton's record of the compilation
+        model.handle = _warm(x, torch.empty_like(x))
+    compiled = kl.compile(model, (x,), dynamic_shapes={"x": {0: torch.export.Dim("rows", min=2,
+                                                                                   max=4096)}})
+    torch.testing.assert_close(compiled.example_outputs, torch.softmax(x, -1))
+    (launch,) = compiled.ir.launches
+    assert launch.grid == ("rows", "1", "1") and tuple(launch.captured_grid) == (37, 1, 1)
+    (kernel,) = compiled.ir.kernels.values()
+    assert (kernel.options.num_warps, kernel.options.num_stages) == (8, 2)
+    assert kernel.binaries[0].ptx == model.seen.asm["ptx"], "AOT PTX differs from the handle's"

@@ -1,12 +1,16 @@
 """Launch capture: run the model's forward once and record every Triton kernel launch.
 
 On a GPU the kernels run natively; on a CPU-only host each launch is executed by Triton's
-interpreter (no TRITON_INTERPRET needed), so the forward still computes real values.
+interpreter (no TRITON_INTERPRET needed), so the forward still computes real values: scalars are
+typed as Triton's JIT types them and libdevice math is evaluated on the CPU, both only while
+capturing. Launches through the handle ``kernel.warmup(...)`` returns (``compiled[grid](...)``)
+are recorded like ``kernel[grid](...)`` launches.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -33,10 +37,34 @@ class CapturedLaunch:
 
 
 @dataclass
+class Warmup:
+    """A ``kernel.warmup(...)`` made during the eager forward and the handle it returned."""
+
+    jit: Any
+    handle: Any  # Triton's CompiledKernel on a GPU, an InterpretedHandle on a CPU-only host
+    constexprs: dict[str, Any]  # what the binary was compiled with
+    options: dict[str, Any]  # the non-parameter keywords passed to warmup (num_warps, ...)
+    positional: int  # how many arguments warmup got positionally (the rest by keyword)
+
+
+class CapturedLaunches(list):
+    """The launches in program order; ``warmups`` lists the ``kernel.warmup(...)`` calls made
+    among them (the symbolic trace hands the same handles back)."""
+
+    def __init__(self, launches: Any = (), warmups: Any = ()) -> None:
+        super().__init__(launches)
+        self.warmups: list[Warmup] = list(warmups)
+
+
+@dataclass
 class Capture:
-    launches: list[CapturedLaunch] = field(default_factory=list)
+    launches: list[CapturedLaunch] = field(default_factory=CapturedLaunches)
     outputs: Any = None
     native: bool = False
+
+    @property
+    def warmups(self) -> list[Warmup]:
+        return getattr(self.launches, "warmups", [])
 
 
 def innermost_jit(fn: Any) -> Any:
@@ -112,6 +140,7 @@ def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
 
 _interpreted: dict[int, Any] = {}
 _ORIG_PATCH_LANG_TENSOR: Any = None
+_ORIG_PATCH_LANG: Any = None
 
 
 def _interpreted_fn(jit_fn: Any) -> Any:
@@ -136,6 +165,90 @@ def _call_helper_interpreted(self: Any, *args: Any, **kwargs: Any) -> Any:
         return fn.rewrite()(*args, **kwargs)
     finally:
         scope.restore()
+
+
+class _LibdeviceScope:
+    """Triton's interpreter patch scope, plus patched dict entries (a kernel's globals)."""
+
+    active = 0  # scopes open: the libdevice modules are patched by the outermost one
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.items: list[tuple[dict, str, Any]] = []
+        _LibdeviceScope.active += 1
+
+    def set_attr(self, obj: Any, name: str, value: Any) -> None:
+        self.inner.set_attr(obj, name, value)
+
+    def set_item(self, table: dict, key: str, value: Any) -> None:
+        self.items.append((table, key, table[key]))
+        table[key] = value
+
+    def restore(self) -> None:
+        while self.items:
+            table, key, value = self.items.pop()
+            table[key] = value
+        self.inner.restore()
+        _LibdeviceScope.active -= 1
+
+
+def _no_cuda_libdevice(name: str) -> Callable:
+    def missing(*args: Any, **kwargs: Any) -> Any:
+        raise UnsupportedKernelError(
+            f"libdevice.{name} has no CUDA implementation in Triton's CUDA libdevice "
+            f"(triton.language.extra.cuda.libdevice), so no GPU build of this kernel exists "
+            f"either; use a libdevice function that module defines")
+    return missing
+
+
+def _patch_lang_libdevice(fn: Any) -> Any:
+    """Triton's ``_patch_lang`` plus libdevice, mapped as Triton's code generator maps it for a
+    CUDA target: the CUDA wrappers get the interpreter's semantic, and the backend-neutral stubs
+    (module attributes, and names a kernel imported from either module) resolve to them."""
+    from triton.runtime import interpreter
+
+    stub, cuda = tc.libdevice_modules()
+    outermost = not _LibdeviceScope.active  # helpers run inside their kernel's scope
+    scope = _LibdeviceScope(_ORIG_PATCH_LANG(fn))
+
+    def impl(name: str) -> Callable:
+        return getattr(cuda, name) if hasattr(cuda, name) else _no_cuda_libdevice(name)
+
+    try:
+        if outermost:
+            interpreter._patch_builtin(cuda, interpreter.interpreter_builder, scope)
+            for name, value in vars(stub).items():
+                if callable(value) and getattr(value, "__module__", None) == stub.__name__:
+                    scope.set_attr(stub, name, impl(name))
+        modules = (stub.__name__, cuda.__name__)
+        for key, value in list(fn.__globals__.items()):
+            if callable(value) and not isinstance(value, type) \
+                    and getattr(value, "__module__", None) in modules:
+                scope.set_item(fn.__globals__, key, impl(value.__name__))
+    except BaseException:
+        scope.restore()
+        raise
+    return scope
+
+
+def _extern_elementwise(self: Any, lib_name: str, lib_path: str, symbol: str, args: list,
+                        ret_type: Any, is_pure: bool) -> Any:
+    """``InterpreterBuilder.create_extern_elementwise``: a libdevice call evaluated on the CPU."""
+    from triton.runtime import interpreter
+
+    name = tc.libdevice_symbols().get(symbol)
+    if name is None:
+        raise UnsupportedKernelError(f"extern function {symbol!r} (library {lib_name!r}) is not "
+                                     f"CUDA libdevice; Triton's interpreter cannot run it on the "
+                                     f"CPU: capture this model on a GPU")
+    try:
+        data = tc.libdevice_cpu(name, [a.data for a in args], interpreter._get_np_dtype(ret_type))
+    except LookupError:
+        raise CaptureError(
+            f"libdevice.{name} ({symbol}) has no CPU evaluation in kernel_lens, so Triton's "
+            f"interpreter cannot run it on a CPU-only host: capture this model on a GPU (inputs "
+            f"on 'cuda'), or use another libdevice function") from None
+    return interpreter.TensorHandle(data, ret_type.scalar)
 
 
 def _patch_lang_tensor_numpy2(tensor: Any, scope: Any) -> None:
@@ -166,10 +279,12 @@ def _typed_scalar(kernel: str, name: str, ty: str, value: Any) -> Any:
         raise CaptureError(f"kernel {kernel}: argument {name!r} = {value!r}: {exc}") from None
 
 
-def _interpreter_failure(kernel: str, exc: BaseException) -> CaptureError:
+def _interpreter_failure(kernel: str, exc: BaseException) -> KernelLensError:
     from triton.runtime.interpreter import InterpreterError
 
     cause = exc.__cause__ if isinstance(exc, InterpreterError) and exc.__cause__ is not None else exc
+    if isinstance(cause, KernelLensError):  # raised by our own patches (libdevice): name the kernel
+        return type(cause)(f"kernel {kernel}: {cause}")
     text = str(cause).strip() or repr(cause)
     return CaptureError(f"kernel {kernel}: Triton's interpreter failed to run this launch: "
                         f"{type(cause).__name__}: {text}")
@@ -186,9 +301,10 @@ def interpret_launch(jit_fn: Any, args: tuple, kwargs: dict, grid: tuple,
     """
     from triton.runtime import interpreter
 
-    global _ORIG_PATCH_LANG_TENSOR
+    global _ORIG_PATCH_LANG_TENSOR, _ORIG_PATCH_LANG
     if _ORIG_PATCH_LANG_TENSOR is None:
         _ORIG_PATCH_LANG_TENSOR = interpreter._patch_lang_tensor
+        _ORIG_PATCH_LANG = interpreter._patch_lang
     kernel = kernel_name(jit_fn)
     try:
         types = _scalar_types(jit_fn, specialization, args, kwargs)
@@ -198,7 +314,10 @@ def interpret_launch(jit_fn: Any, args: tuple, kwargs: dict, grid: tuple,
     for name, ty in types.items():
         params[name] = _typed_scalar(kernel, name, ty, params[name])
     with _patched(tc.JITFunction, "__call__", _call_helper_interpreted), \
-            _patched(interpreter, "_patch_lang_tensor", _patch_lang_tensor_numpy2):
+            _patched(interpreter, "_patch_lang_tensor", _patch_lang_tensor_numpy2), \
+            _patched(interpreter, "_patch_lang", _patch_lang_libdevice), \
+            _patched(interpreter.InterpreterBuilder, "create_extern_elementwise",
+                     _extern_elementwise):
         try:
             _interpreted_fn(jit_fn).run(grid=grid, warmup=False, **params)
         except KernelLensError:
@@ -218,6 +337,93 @@ def _binder_failure(jit_fn: Any, params: dict[str, Any], exc: BaseException) -> 
                         f"{type(exc).__name__}: {exc}{hint}")
 
 
+class InterpretedHandle:
+    """What ``kernel.warmup(...)`` returns while capturing on a CPU-only host, where Triton's
+    interpreter compiles nothing. Like Triton's CompiledKernel, ``handle[grid](*args)`` (a 3-entry
+    grid, every parameter positional, constexprs included) launches the kernel; the attributes
+    of a compiled binary (``n_regs``, ``metadata``, ...) raise :class:`CaptureError`."""
+
+    def __init__(self, jit: Any) -> None:
+        self.jit = jit
+        self.record: Warmup | None = None  # the warmup that made it
+
+    def __getitem__(self, grid: Any) -> Callable:
+        if not isinstance(grid, (tuple, list)) or len(grid) != 3:
+            raise CaptureError(f"kernel {kernel_name(self.jit)}: a compiled kernel is launched "
+                               f"with a 3-entry grid, handle[(x, y, z)](...); got {grid!r}")
+        return lambda *args, stream=None: self.run(*grid, stream, None, None, None, None, None,
+                                                   *args)
+
+    def run(self, grid_0: Any, grid_1: Any, grid_2: Any, stream: Any, function: Any,
+            packed_metadata: Any, launch_metadata: Any, enter_hook: Any, exit_hook: Any,
+            *args: Any) -> None:
+        raise CaptureError(f"kernel {kernel_name(self.jit)}: the handle kernel.warmup(...) "
+                           f"returned was launched outside kernel_lens's capture")
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise CaptureError(
+            f"kernel {kernel_name(self.jit)}: the handle kernel.warmup(...) returned has no "
+            f"{name!r} on a CPU-only host (Triton's interpreter compiles no binary; only "
+            f"handle[grid](*args) launches work): capture on a GPU, or size the launch without it")
+
+
+def handle_info(handle: Any, warmups: list[Warmup]) -> Warmup:
+    """What launching ``handle`` (a warmed-up kernel) means: its kernel, the constexprs it was
+    compiled with and its options. A CompiledKernel warmed up before capture is read off
+    Triton's own record of its compilation."""
+    for w in warmups:
+        if w.handle is handle:
+            return w
+    if isinstance(handle, InterpretedHandle):  # kept from an earlier capture
+        return handle.record
+    jit = getattr(getattr(handle, "src", None), "fn", None)
+    if not isinstance(jit, tc.JITFunction):
+        name = getattr(handle, "name", type(handle).__name__)
+        raise UnsupportedKernelError(
+            f"a compiled kernel ({name}) not built from a @triton.jit function was launched; "
+            f"kernel_lens captures @triton.jit kernels only")
+    constexpr = {i: p.name for i, p in enumerate(jit.params) if p.is_constexpr}
+    constexprs = {constexpr[path[0]]: value for path, value in handle.src.constants.items()
+                  if len(path) == 1 and path[0] in constexpr}
+    md, names = handle.metadata, {p.name for p in jit.params}
+    defaults = vars(tc.backend_for(90).parse_options({}))
+    options = {k: getattr(md, k) for k in ("num_warps", "num_stages", "num_ctas", "maxnreg")
+               if getattr(md, k, None) != defaults.get(k) and k not in names}
+    # parameters named like compile options (the tutorial's num_stages) go by keyword, so that
+    # they set the option as well, as when the kernel was compiled
+    first = next((i for i, p in enumerate(jit.params) if p.name in tc.option_names(90)),
+                 len(jit.params))
+    return Warmup(jit, handle, constexprs, options, first)
+
+
+def launch_handle(info: Warmup, grid: tuple, args: tuple) -> None:
+    """A launch through a compiled handle, ``handle[grid](*args)``, made as the equivalent
+    ``kernel[grid](...)`` call shaped like the warmup call (same positional prefix, keywords and
+    options, hence the same compile options), so that capture and trace record it like any
+    launch. The handle takes every parameter positionally; constexprs are those it was compiled
+    with."""
+    names = [p.name for p in info.jit.params]
+    if len(args) != len(names):
+        raise CaptureError(
+            f"kernel {kernel_name(info.jit)}: the compiled handle was launched with {len(args)} "
+            f"arguments but the kernel has {len(names)} parameters (a compiled kernel takes every "
+            f"parameter positionally, constexprs included)")
+    values = {**dict(zip(names, args)), **info.constexprs}
+    positional = [values[n] for n in names[:info.positional]]
+    keywords = {n: values[n] for n in names[info.positional:]}
+    info.jit.run(*positional, grid=tuple(grid), warmup=False, **keywords, **info.options)
+
+
+def _warmup(jit_fn: Any, handle: Any, args: tuple, kwargs: dict) -> Warmup:
+    params = tc.bind_params(jit_fn, args, kwargs)
+    names = {p.name for p in jit_fn.params}
+    constexprs = {p.name: params[p.name] for p in jit_fn.params if p.is_constexpr}
+    options = {k: v for k, v in kwargs.items() if k not in names}
+    return Warmup(jit_fn, handle, constexprs, options, len(args))
+
+
 class _Recorder:
     """Holds the state of one capture while the forward runs with Triton patched."""
 
@@ -225,14 +431,24 @@ class _Recorder:
         self.arch = arch
         self.native = native
         self.autotune = autotune or {}
-        self.launches: list[CapturedLaunch] = []
+        self.launches = CapturedLaunches()
         self.benchmarking = 0
         self.fake_timing = 0
+        self.in_triton = 0  # inside Triton's own JITFunction.run (its launches are its own)
+
+    def _triton(self, orig: Callable, *args: Any, **kwargs: Any) -> Any:
+        self.in_triton += 1
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            self.in_triton -= 1
 
     # JITFunction.run
     def run(self, orig: Callable, jit_fn: Any, args: tuple, grid: Any, warmup: bool, kwargs: dict) -> Any:
-        if warmup or self.benchmarking:
-            return orig(jit_fn, *args, grid=grid, warmup=warmup, **kwargs)
+        if self.benchmarking:
+            return self._triton(orig, jit_fn, *args, grid=grid, warmup=warmup, **kwargs)
+        if warmup:
+            return self.warmup(orig, jit_fn, args, grid, kwargs)
         kernel = kernel_name(jit_fn)
         params = tc.bind_params(jit_fn, args, kwargs)
         check_arguments(jit_fn, params)
@@ -240,14 +456,35 @@ class _Recorder:
             _, specialization, options = tc.binder_for(jit_fn, self.arch)(*args, **kwargs)
         except Exception as exc:
             raise _binder_failure(jit_fn, params, exc) from exc
+        # Triton compiles with backend.parse_options(kwargs): a keyword naming a compile option
+        # sets it even when it also names a parameter (the softmax tutorial's num_stages).
+        options = {**{k: v for k, v in kwargs.items()
+                      if k in params and k in tc.option_names(self.arch)}, **options}
         grid_value = grid(params) if callable(grid) else grid
         concrete = _normalize_grid(grid_value, kernel, _concrete(kernel))
         if self.native:
-            orig(jit_fn, *args, grid=grid, warmup=False, **kwargs)
+            self._triton(orig, jit_fn, *args, grid=grid, warmup=False, **kwargs)
         else:
             interpret_launch(jit_fn, args, kwargs, concrete, specialization)
         self.launches.append(CapturedLaunch(jit_fn, params, list(specialization), dict(options), concrete))
         return None
+
+    # JITFunction.run(..., warmup=True), what kernel.warmup(...) calls
+    def warmup(self, orig: Callable, jit_fn: Any, args: tuple, grid: Any, kwargs: dict) -> Any:
+        if self.native:
+            handle = self._triton(orig, jit_fn, *args, grid=grid, warmup=True, **kwargs)
+        else:
+            handle = InterpretedHandle(jit_fn)
+        record = _warmup(jit_fn, handle, args, kwargs)
+        if not self.native:
+            handle.record = record
+        self.launches.warmups.append(record)
+        return handle
+
+    # CompiledKernel.run / InterpretedHandle.run: a launch through a warmed-up handle
+    def handle_run(self, handle: Any, grid_0: Any, grid_1: Any, grid_2: Any, *rest: Any) -> None:
+        launch_handle(handle_info(handle, self.launches.warmups), (grid_0, grid_1, grid_2),
+                      rest[6:])
 
     # Autotuner.run
     def autotune_run(self, orig: Callable, tuner: Any, args: tuple, kwargs: dict) -> Any:
@@ -311,8 +548,29 @@ def recording(recorder: _Recorder) -> Iterator[_Recorder]:
         return recorder.bench(orig_bench, self, args, config, meta)
 
     with _patched(tc.JITFunction, "run", run), _patched(tc.Autotuner, "run", tune), \
-            _patched(tc.Autotuner, "_bench", bench):
+            _patched(tc.Autotuner, "_bench", bench), \
+            patched_handles(lambda: not recorder.in_triton, recorder.handle_run):
         yield recorder
+
+
+@contextlib.contextmanager
+def patched_handles(ours: Callable[[], bool], handle_run: Callable) -> Iterator[None]:
+    """Launches through warmed-up handles (``compiled[grid](...)``, ``compiled.run(...)``) go to
+    ``handle_run(handle, grid_0, grid_1, grid_2, stream, ...launcher args..., *args)`` while
+    ``ours()``; Triton's own launches (inside JITFunction.run) stay untouched."""
+    from triton.compiler.compiler import CompiledKernel
+
+    launcher = CompiledKernel.__dict__["run"]
+
+    def compiled_run(kernel: Any) -> Callable:
+        return functools.partial(handle_run, kernel) if ours() else launcher.__get__(kernel)
+
+    def interpreted_run(handle: Any, *args: Any) -> None:
+        handle_run(handle, *args)
+
+    with _patched(CompiledKernel, "run", property(compiled_run)), \
+            _patched(InterpretedHandle, "run", interpreted_run):
+        yield
 
 
 def _devices(inputs: tuple) -> set[str]:

@@ -4,6 +4,8 @@ While torch.export runs the forward on fake tensors with symbolic sizes, each
 ``kernel[grid](...)`` call is intercepted: its grid and shape-derived scalars are read off as
 sympy expressions, and a ``kernel_lens::launch`` node marks it in the exported graph so the
 launch keeps its place among the torch ops and its tensor arguments bind to graph values.
+``kernel.warmup(...)`` hands back the eager forward's handles, and launches through them are
+traced like the others.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ import torch
 from .._gc import paused_then_frozen
 from ..errors import DynamicConstexprError, KernelLensError, TraceError, UnsupportedKernelError
 from . import triton_compat as tc
-from .capture import (CapturedLaunch, _normalize_grid, _patched, check_arguments, innermost_jit,
-                      kernel_name)
+from .capture import (CapturedLaunch, _normalize_grid, _patched, check_arguments, handle_info,
+                      innermost_jit, kernel_name, launch_handle, patched_handles)
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +55,27 @@ class TracedLaunch:
 class _Tracer:
     def __init__(self, captured: list[CapturedLaunch]) -> None:
         self.captured = captured
+        self.warmups = getattr(captured, "warmups", [])
         self.launches: list[TracedLaunch] = []
+        self.warmed = 0
+
+    def warmup(self, jit_fn: Any) -> Any:
+        """``kernel.warmup(...)`` under torch.export: the handle the eager forward's next warmup
+        of this kernel got (fake tensors cannot be compiled for; its binary attributes stay
+        readable)."""
+        jit = innermost_jit(jit_fn)
+        index = next((i for i in range(self.warmed, len(self.warmups))
+                      if self.warmups[i].jit is jit), None)
+        if index is None:
+            raise TraceError(
+                f"kernel {kernel_name(jit_fn)} is warmed up under torch.export more often than in "
+                f"the eager forward ({sum(w.jit is jit for w in self.warmups)} times): warm up "
+                f"the same kernels for every input")
+        self.warmed = index + 1
+        return self.warmups[index].handle
+
+    def handle_run(self, handle: Any, grid_0: Any, grid_1: Any, grid_2: Any, *rest: Any) -> None:
+        launch_handle(handle_info(handle, self.warmups), (grid_0, grid_1, grid_2), rest[6:])
 
     def _expect(self, jit_fn: Any) -> CapturedLaunch:
         index = len(self.launches)
@@ -159,13 +181,14 @@ def _first_line(exc: BaseException) -> str:
 def _tracing(tracer: _Tracer) -> Iterator[None]:
     def run(self, *args, grid, warmup, **kwargs):
         if warmup:
-            return None
+            return tracer.warmup(self)
         return tracer.run(self, args, grid, kwargs)
 
     def tune(self, *args, **kwargs):
         return tracer.autotune_run(self, args, kwargs)
 
-    with _patched(tc.JITFunction, "run", run), _patched(tc.Autotuner, "run", tune):
+    with _patched(tc.JITFunction, "run", run), _patched(tc.Autotuner, "run", tune), \
+            patched_handles(lambda: True, tracer.handle_run):
         yield
 
 
