@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
+import triton
 
 import kernel_lens as kl
+from kernel_lens.errors import TraceError
 
 from conftest import ROOT, load_module
 
@@ -33,3 +36,42 @@ def test_static_model_has_no_symbols_and_constant_grids():
     ir = kl.compile(m.SecondInputGrid(), (torch.randn(100), torch.randn(100)), arch=90).ir
     assert ir.symbols == {}
     assert ir.launches[0].grid == ("4", "1", "1")
+
+
+# --- guards torch.export cannot prove: deferred to runtime asserts, then checked here ----------
+class _Guarded(torch.nn.Module):
+    """Branches on a size condition: ``cond(n)`` decides the branch at trace time."""
+
+    def __init__(self, cond):
+        super().__init__()
+        self.cond = cond
+
+    def forward(self, x):
+        from vector_add import add_kernel
+
+        n = x.shape[0]
+        y = x * 2 if self.cond(n) else x
+        out = torch.empty_like(y)
+        add_kernel[(triton.cdiv(n, 64),)](y, x, out, n, BLOCK_SIZE=64)
+        return out
+
+
+def _lift_guarded(cond, max_n=4096):
+    load_module(ROOT / "tests" / "corpus" / "vector_add.py")
+    dims = ({0: torch.export.Dim("n", min=2, max=max_n)},)
+    return kl.lift(_Guarded(cond), (torch.randn(40),), dynamic_shapes=dims, arch=90)
+
+
+def test_unprovable_but_true_guard_is_deferred_and_verified(caplog):
+    # true for every n >= 1, but torch's range analysis cannot prove it (transformers' CUDA mask
+    # code makes this very guard): the export is retried with deferred asserts, checked here
+    with caplog.at_level("INFO", logger="kernel_lens.frontends.trace"):
+        ir = _lift_guarded(lambda n: n * (8 + n - n % 8) > 1)
+    assert "n" in ir.symbols and any(op.op == "aten.mul.Tensor" for op in ir.ops)
+    assert "all hold over the declared ranges" in caplog.text
+
+
+def test_deferred_guard_that_fails_in_range_is_an_error():
+    # n % 8 != 3 holds at the example size (40) but not at n = 3, 11, ...: must not compile
+    with pytest.raises(TraceError, match=r"fails at .*=3\b"):
+        _lift_guarded(lambda n: n % 8 != 3 and n * (8 + n - n % 8) > 1)

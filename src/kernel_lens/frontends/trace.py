@@ -203,26 +203,100 @@ class _Wrapper(torch.nn.Module):
 
 def trace(model: Callable, example_inputs: tuple, dynamic_shapes: Any,
           captured: list[CapturedLaunch]) -> tuple[torch.export.ExportedProgram, list[TracedLaunch]]:
-    """Export ``model`` with the user's dynamic dims; returns the program and the launches."""
+    """Export ``model`` with the user's dynamic dims; returns the program and the launches.
+
+    When torch.export cannot prove a guard over the declared range (e.g. transformers' CUDA
+    mask code guards ``seq*(8 + seq - seq % 8) > 1``, true for every size but beyond torch's
+    range analysis), the export is retried with the guards deferred to runtime asserts, as
+    torch.onnx.export does, and every deferred assert is then checked here over the declared
+    range: exhaustively where the range is small, at sampled sizes otherwise. One that fails
+    for some size is an error naming it.
+    """
     module = model if isinstance(model, torch.nn.Module) else _Wrapper(model)
+    try:
+        program, tracer = _export(module, example_inputs, dynamic_shapes, captured, deferred=False)
+    except KernelLensError:
+        raise
+    except Exception as exc:
+        if "Constraints violated" not in str(exc):
+            raise TraceError(_explain(exc)) from exc
+        try:
+            program, tracer = _export(module, example_inputs, dynamic_shapes, captured, deferred=True)
+        except KernelLensError:
+            raise
+        except Exception:
+            raise TraceError(_explain(exc)) from exc
+        _check_deferred_asserts(program, exc)
+    if len(tracer.launches) != len(captured):
+        raise TraceError(f"the eager forward launched {len(captured)} kernels but torch.export saw "
+                         f"{len(tracer.launches)}; the launches depend on tensor values")
+    return program, tracer.launches
+
+
+def _export(module: torch.nn.Module, example_inputs: tuple, dynamic_shapes: Any,
+            captured: list[CapturedLaunch], deferred: bool):
     tracer = _Tracer(captured)
     # torch.export prints the whole graph to stderr when it fails; keep it for --debug / logging.
     chatter = io.StringIO()
     try:
         with _tracing(tracer), contextlib.redirect_stderr(chatter):
-            program = torch.export.export(module, tuple(example_inputs),
-                                          dynamic_shapes=dynamic_shapes, strict=False)
-    except KernelLensError:
-        raise
-    except Exception as exc:
-        raise TraceError(_explain(exc)) from exc
+            program = torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic_shapes,
+                                          strict=False,
+                                          prefer_deferred_runtime_asserts_over_guards=deferred)
     finally:
         if chatter.getvalue().strip():
             log.debug("torch.export printed:\n%s", chatter.getvalue())
-    if len(tracer.launches) != len(captured):
-        raise TraceError(f"the eager forward launched {len(captured)} kernels but torch.export saw "
-                         f"{len(tracer.launches)}; the launches depend on tensor values")
-    return program, tracer.launches
+    return program, tracer
+
+
+_EXHAUSTIVE = 1 << 14  # sizes checked one by one when a range is at most this wide
+
+
+def _check_deferred_asserts(program: torch.export.ExportedProgram, original: BaseException) -> None:
+    """Every runtime assert torch deferred must hold over the declared ranges (kernel_lens drops
+    asserts from the graph, so one that could fail would make the compiled model silently wrong)."""
+    import itertools
+
+    import sympy
+
+    ranges = {str(k): v for k, v in program.range_constraints.items()}
+
+    def points(sym: sympy.Symbol, many: bool) -> list[int]:
+        vr = ranges.get(str(sym))
+        lo = int(vr.lower) if vr is not None and vr.lower.is_Integer else 0
+        hi = int(vr.upper) if vr is not None and vr.upper.is_Integer else None
+        top = hi if hi is not None else lo + (1 << 20)
+        if many and top - lo <= _EXHAUSTIVE:
+            return list(range(lo, top + 1))
+        picks = set(range(lo, min(top, lo + (512 if many else 8)) + 1)) | {top}
+        for k in range(1, 64):
+            for v in (2 ** k - 1, 2 ** k, 2 ** k + 1, 3 * 2 ** k):
+                if lo <= v <= top:
+                    picks.add(v)
+        return sorted(picks)
+
+    checked = 0
+    for node in program.graph.nodes:
+        if node.op != "call_function" or "_assert_scalar" not in str(node.target):
+            continue
+        cond = node.args[0]
+        val = cond.meta.get("val") if isinstance(cond, torch.fx.Node) else cond
+        if not isinstance(val, torch.SymBool):
+            continue
+        expr = val.node.expr
+        syms = sorted(expr.free_symbols, key=str)
+        grids = [points(s, len(syms) == 1) for s in syms]
+        for values in itertools.product(*grids):
+            holds = expr.xreplace({s: sympy.Integer(v) for s, v in zip(syms, values)})
+            checked += 1
+            if holds is not sympy.true:
+                at = ", ".join(f"{s}={v}" for s, v in zip(syms, values))
+                raise TraceError(
+                    f"{_explain(original)}\nThe forward needs {expr} (a guard torch.export could "
+                    f"not prove), which fails at {at}: narrow the Dim range so it holds, or mark "
+                    f"the dim static") from original
+    log.info("torch.export deferred guards to runtime asserts; all hold over the declared ranges "
+             "(%d checks)", checked)
 
 
 def _explain(exc: BaseException) -> str:
