@@ -49,7 +49,8 @@ FP16_TOLERANCE = (1e-2, 1e-2)
 
 
 def _inputs(batch, seq, seed):
-    return M.make_inputs(batch=batch, seq=seq, seed=seed, device="cuda")
+    (ids,) = M.make_inputs(batch=batch, seq=seq, seed=seed, device="cuda")
+    return ids
 
 
 def _compare(label, ours, native, tolerance):
