@@ -114,7 +114,8 @@ def stages_child(out: str) -> None:
 
     patches = [(lift, "capture", "capture"), (lift, "trace", "trace"), (lift, "compile_binary", "aot"),
                (compiler, "compile_binary", "aot"), (passes_base.PassManager, "run", "passes"),
-               (ort_target, "lower_to_onnx", "onnx"), (ort_target, "save_onnx", "onnx"),
+               (ort_target, "lower_to_onnx_cached" if hasattr(ort_target, "lower_to_onnx_cached")
+                else "lower_to_onnx", "onnx"), (ort_target, "save_onnx", "onnx"),
                (ort_target, "ort_sources", "codegen"), (ort_target, "build_shared_library", "build")]
     for owner, attr, stage in patches:
         setattr(owner, attr, wrap(stage, getattr(owner, attr)))
