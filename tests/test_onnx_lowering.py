@@ -497,6 +497,15 @@ class _PartialWrites(_Kernels):
         return buf, col
 
 
+class _PermutedWrites(_Kernels):
+    def forward(self, x):  # x: (n, 2, 3)
+        buf = torch.zeros(x.shape[0], 2, 3)
+        self.accumulate(buf, x)  # kernel: buf += x
+        buf.permute(2, 0, 1).mul_(torch.tensor([1.0, 2.0, 3.0]).view(3, 1, 1))  # per-slice factor
+        buf.permute(1, 2, 0)[1].add_(10.0)  # select of a permute: only buf[:, 1, :] changes
+        return buf
+
+
 def _lift(module_cls, inputs, dynamic_shapes):
     ir = kl.compile(module_cls(), inputs, dynamic_shapes=dynamic_shapes, arch=90).ir
     return ir, module_cls(triton_kernels=False)
@@ -572,6 +581,15 @@ def test_inplace_writes_through_slices_and_selects_in_ort():
     assert {"aten.copy_.default", "aten.fill_.Scalar", "aten.select.int"} <= set(ops)
     g = torch.Generator().manual_seed(3)
     _run_and_compare(ir, ref, [(6,), (4,), (13,)], lambda n: (torch.randn(n, 4, generator=g),))
+
+
+def test_inplace_writes_through_permutes_in_ort():
+    # each write lands on the right elements: a wrong inverse permutation changes the numbers
+    dims = {"x": {0: torch.export.Dim("n", min=2, max=64)}}
+    ir, ref = _lift(_PermutedWrites, (torch.randn(5, 2, 3),), dims)
+    assert sum(op.op == "aten.permute.default" for op in ir.ops) == 2
+    g = torch.Generator().manual_seed(7)
+    _run_and_compare(ir, ref, [(5,), (2,), (11,)], lambda n: (torch.randn(n, 2, 3, generator=g),))
 
 
 def test_may_alias_ops_that_copied_are_roots_of_their_own_in_ort():
