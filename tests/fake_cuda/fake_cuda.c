@@ -39,8 +39,8 @@ enum {
 #define MAX_STACK 16
 #define MAX_MODULES 64
 #define MAX_LAUNCHES 64
-#define MAX_PARAMS 16
-#define PARAM_BYTES 256
+#define MAX_PARAMS 64  /* liger kernels take 30+ */
+#define PARAM_BYTES 512
 #define IMAGE_BYTES 16
 
 struct fail_rule { char name[64]; int result; };

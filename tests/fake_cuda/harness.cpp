@@ -6,6 +6,7 @@
 // Built with -DKL_HARNESS_GENERATED and linked with a model's generated kl_launches.cpp, it
 // also runs that model's kl::run_launch (the `gen_*` scenarios).
 #include <dlfcn.h>
+#include <sys/mman.h>
 
 #include <cinttypes>
 #include <cstdio>
@@ -43,6 +44,7 @@ struct Fake {
   int (*launch_info)(int, unsigned*);
   int (*launch_params)(int, unsigned char*, int);
   int (*copy_count)();
+  void (*set_arch)(int, int, int);
 };
 
 template <typename F>
@@ -82,6 +84,7 @@ Fake load_fake() {
   sym(lib, "fake_launch_info", &f.launch_info);
   sym(lib, "fake_launch_params", &f.launch_params);
   sym(lib, "fake_copy_count", &f.copy_count);
+  sym(lib, "fake_set_arch", &f.set_arch);
   return f;
 }
 
@@ -346,11 +349,168 @@ int run(const std::string& scenario) {
   return 0;
 }
 
+#ifdef KL_HARNESS_GENERATED
+// ---- `spec FILE`: one launch of the generated model with any input shapes -------------------------
+// FILE lines: `launch K`, `arch MAJOR MINOR`, `param_sizes N s1 .. sN` (the ABI the test expects),
+// `input ELEM_SIZE OFFSET RANK d0 .. d{RANK-1}` per node input. Buffers are reserved, not touched
+// (mmap MAP_NORESERVE), so element counts past 2^31 cost nothing unless the launch copies them;
+// an input's data pointer is the buffer's start + OFFSET bytes.
+void* reserve(size_t bytes) {
+  void* p = mmap(nullptr, bytes + 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    std::fprintf(stderr, "harness: cannot reserve %zu bytes\n", bytes);
+    std::exit(2);
+  }
+  return p;
+}
+
+class SpecContext final : public kl::LaunchContext {
+ public:
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<char*> data;
+  std::vector<std::vector<int64_t>> output_shapes;
+  std::vector<char*> outputs;
+  int64_t dim(int input, int d) const override { return kl::checked_dim(shapes, input, d); }
+  char* input(int i) const override { return kl::checked_input(data, i); }
+  int rank(int input) const override {
+    return input >= 0 && static_cast<size_t>(input) < shapes.size() ? static_cast<int>(shapes[input].size()) : -1;
+  }
+  int input_count() const override { return static_cast<int>(shapes.size()); }
+  kl::Status output(int, const std::vector<int64_t>& shape, char** out) override {
+    size_t numel = 1;
+    for (int64_t s : shape) {
+      if (s < 0) return "harness: negative output dim";
+      numel *= static_cast<size_t>(s);
+    }
+    *out = static_cast<char*>(reserve(numel * 8));
+    output_shapes.push_back(shape);
+    outputs.push_back(*out);
+    return {};
+  }
+  kl::Status scratch(size_t bytes, void** out) override {
+    *out = reserve(bytes);
+    return {};
+  }
+  kl::CUstream stream() const override { return reinterpret_cast<kl::CUstream>(const_cast<int*>(&stream_)); }
+
+ private:
+  int stream_ = 0;
+};
+
+uint64_t fnv1a(const unsigned char* p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+// The loaded image's identity: FNV-1a of a NUL-terminated PTX text, or of an ELF cubin up to the
+// end of its section headers (e_shoff + e_shnum * e_shentsize), as the test computes it.
+std::string image_id(const unsigned char* image) {
+  if (image == nullptr) return "none";
+  uint64_t h;
+  if (std::memcmp(image, "\x7f" "ELF", 4) == 0) {
+    uint64_t shoff;
+    uint16_t shentsize, shnum;
+    std::memcpy(&shoff, image + 0x28, 8);
+    std::memcpy(&shentsize, image + 0x3A, 2);
+    std::memcpy(&shnum, image + 0x3C, 2);
+    h = fnv1a(image, shoff + static_cast<uint64_t>(shnum) * shentsize);
+  } else {
+    h = fnv1a(image, std::strlen(reinterpret_cast<const char*>(image)));
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016" PRIx64, h);
+  return buf;
+}
+
+int run_spec(const char* path) {
+  Fake f = load_fake();
+  kl::Status err;
+  const kl::Driver* dp = kl::driver(&err);
+  if (dp == nullptr) {
+    out("status", err);
+    return 0;
+  }
+  FILE* file = std::fopen(path, "r");
+  if (file == nullptr) {
+    std::fprintf(stderr, "harness: cannot open %s\n", path);
+    return 2;
+  }
+  SpecContext ctx;
+  int launch = 0;
+  std::vector<int> sizes;
+  char word[32];
+  while (std::fscanf(file, "%31s", word) == 1) {
+    std::string w = word;
+    if (w == "launch") {
+      if (std::fscanf(file, "%d", &launch) != 1) return 2;
+    } else if (w == "arch") {
+      int major, minor;
+      if (std::fscanf(file, "%d %d", &major, &minor) != 2) return 2;
+      f.set_arch(major, minor, 227 * 1024);
+    } else if (w == "param_sizes") {
+      int n;
+      if (std::fscanf(file, "%d", &n) != 1) return 2;
+      sizes.resize(static_cast<size_t>(n));
+      for (int& v : sizes)
+        if (std::fscanf(file, "%d", &v) != 1) return 2;
+    } else if (w == "input") {
+      long long elem, offset;
+      int rank;
+      if (std::fscanf(file, "%lld %lld %d", &elem, &offset, &rank) != 3) return 2;
+      std::vector<int64_t> shape(static_cast<size_t>(rank));
+      size_t numel = 1;
+      for (int64_t& v : shape) {
+        long long d;
+        if (std::fscanf(file, "%lld", &d) != 1) return 2;
+        v = d;
+        numel *= static_cast<size_t>(d < 0 ? 0 : d);
+      }
+      ctx.shapes.push_back(shape);
+      ctx.data.push_back(static_cast<char*>(reserve(numel * static_cast<size_t>(elem) + 64)) + offset);
+    } else {
+      std::fprintf(stderr, "harness: bad spec word %s\n", word);
+      return 2;
+    }
+  }
+  std::fclose(file);
+  f.set_context(kCtxA, 1);
+  f.set_current(kCtxA);
+  f.set_param_sizes(sizes.data(), static_cast<int>(sizes.size()));
+  try {
+    out("status", kl::run_launch(launch, ctx));
+  } catch (const std::exception& e) {
+    out("exception", e.what());
+  }
+  unsigned info[7] = {};
+  if (f.launch_info(0, info) >= 0) {
+    out("grid", std::to_string(info[0]) + "," + std::to_string(info[1]) + "," + std::to_string(info[2]));
+    out("block", info[3]);
+    out("shared", info[6]);
+    std::vector<unsigned char> params(4096);
+    out("params", hex(params.data(), f.launch_params(0, params.data(), static_cast<int>(params.size()))));
+  }
+  out("image", image_id(f.module_loads() > 0
+                            ? static_cast<const unsigned char*>(f.module_image_ptr(f.module_loads() - 1))
+                            : nullptr));
+  std::string ins, outs;
+  for (char* p : ctx.data) ins += ptr_hex(p) + ",";
+  for (char* p : ctx.outputs) outs += ptr_hex(p) + ",";
+  out("inputs", ins);
+  out("outputs", outs);
+  counts(f);
+  return 0;
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
+#ifdef KL_HARNESS_GENERATED
+  if (argc == 3 && std::string(argv[1]) == "spec") return run_spec(argv[2]);
+#endif
   if (argc != 2) {
-    std::fprintf(stderr, "usage: harness <scenario>\n");
+    std::fprintf(stderr, "usage: harness <scenario> | harness spec FILE\n");
     return 2;
   }
   return run(argv[1]);

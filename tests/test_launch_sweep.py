@@ -1,0 +1,271 @@
+"""The generated launch code of every corpus model, executed on the CPU host through the fake CUDA
+driver at many sizes, against values computed independently in Python from the IR.
+
+For each model, the harness (tests/fake_cuda/harness.cpp, `spec` mode) is linked with the model's
+generated ``kl_launches.cpp`` and runs one launch per process over node inputs of the requested
+shapes (buffers reserved, never touched, so element counts past 2^31 cost nothing). The test
+computes, from the IR alone:
+
+- the grid (the launch's grid expressions at the sizes);
+- which binary must run: the first whose assumptions (16-byte alignment of the pointers it gets,
+  divisibility by 16, value 1, int32 range) hold for these pointers and values, after guard
+  dispatch;
+- every parameter's bytes in ABI order: pointers (node buffer + storage offset), scalars packed
+  as the chosen binary's C type, the scratch pointers (NULL when the kernel needs none);
+
+and asserts the recorded launch, the loaded image (FNV-1a of the chosen binary's cubin) and the
+block size. Out-of-range sizes and inconsistent dims must be refused with nothing launched.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+import sympy
+
+import kernel_lens as kl
+from kernel_lens.ir import ParamKind
+from kernel_lens.ir.launch_io import launch_io
+from kernel_lens.ir.symbolic import evaluate, parse
+from kernel_lens.targets.common.emit import render_launches
+
+from conftest import ROOT, corpus_files, load_module
+from test_runtime_cpp import RUNTIME, WARNINGS, _build, _tool
+
+FAKE = ROOT / "tests" / "fake_cuda"
+PAGE = 4096  # reserved buffers start page-aligned; an input's pointer is that + its offset
+_PACK = {"int32_t": "<i", "int64_t": "<q", "uint32_t": "<I", "uint64_t": "<Q", "float": "<f",
+         "double": "<d", "bool": "<?", "int8_t": "<b", "uint8_t": "<B", "int16_t": "<h",
+         "uint16_t": "<H"}
+
+
+def _fnv(data: bytes) -> str:
+    h = 1469598103934665603
+    for b in data:
+        h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return f"{h:016x}"
+
+
+def _cubin_id(cubin: bytes) -> str:
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", cubin, 0x3A)
+    return _fnv(cubin[:shoff + shnum * shentsize])
+
+
+@pytest.fixture(scope="session")
+def fake_driver(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("fake_cuda_sweep") / "libfake_cuda.so"
+    _build([_tool("gcc", "cc"), "-std=c11", "-O1", "-shared", "-fPIC", *WARNINGS,
+            str(FAKE / "fake_cuda.c"), "-o", str(out)])
+    return out
+
+
+class Model:
+    """One corpus model: its IR and a harness built with its generated launches."""
+
+    def __init__(self, stem: str, tmp: Path):
+        path = next(p for p in corpus_files() if p.stem == stem)
+        module = load_module(path)
+        inputs = tuple(t.clone() for t in module.example_inputs)
+        self.ir = kl.compile(module.model, inputs, dynamic_shapes=module.dynamic_shapes, arch=90,
+                             roles=getattr(module, "roles", None)).ir
+        launches = tmp / "kl_launches.cpp"
+        launches.write_text(render_launches(self.ir))
+        self.exe = tmp / "harness"
+        _build([_tool("g++", "c++"), "-std=c++17", "-O1", *WARNINGS, "-DKL_HARNESS_GENERATED",
+                f"-I{RUNTIME}", str(FAKE / "harness.cpp"), str(launches), "-o", str(self.exe), "-ldl"])
+
+    # ---- what the IR says a launch must do ------------------------------------------------------
+    def expected(self, index: int, values: dict[str, int], offsets: list[int]):
+        ir, launch = self.ir, self.ir.launches[index]
+        names = list(ir.symbols)
+        io = launch_io(ir, launch, f"__{launch.order}")
+        kernel = ir.kernels[launch.kernel]
+        if launch.dispatch:
+            def truth_of(text: str) -> bool:
+                expr = parse(text, names)
+                return bool(expr.xreplace({s: sympy.Integer(values[s.name]) for s in expr.free_symbols}))
+            truth = {g: truth_of(e) for g, e in launch.guards.items()}
+            kernel = ir.kernels[next(d.kernel for d in launch.dispatch if d.when == truth)]
+        args = {a.name: a for a in launch.args}
+        ints = {a.name: evaluate(parse(a.expr, names), values) for a in launch.args if a.expr is not None}
+
+        def pointer_aligned(name: str, bases: dict) -> bool:
+            kind, i = io.bindings[name]
+            itemsize = kernel.param(name).dtype.itemsize
+            offset = evaluate(parse(args[name].storage_offset, names), values) * itemsize
+            return (bases[kind, i] + offset) % 16 == 0
+
+        def holds(binary, bases) -> bool:
+            for pname, spec in binary.assumptions.items():
+                param = kernel.param(pname)
+                if param.kind == ParamKind.tensor:
+                    if spec.aligned16 and args[pname].value is not None and not pointer_aligned(pname, bases):
+                        return False
+                    continue
+                if pname not in ints:
+                    continue
+                v = ints[pname]
+                if (spec.divisible16 and v % 16) or (spec.equal_to_1 and v != 1) or \
+                        (spec.int32 and not -2**31 <= v < 2**31):
+                    return False
+            return True
+
+        # bases: page-aligned + offset for node inputs; page-aligned for outputs
+        bases = {("in", i): PAGE + (offsets[i] if i < len(offsets) else 0)
+                 for i in range(len(io.inputs))}
+        bases.update({("out", j): PAGE for j in range(len(io.outputs))})
+        binary = next((b for b in kernel.binaries if b.arch == 90 and holds(b, bases)), None)
+        grid = tuple(evaluate(parse(g, names), values) for g in launch.grid)
+        return io, kernel, binary, grid, ints
+
+    def shapes(self, io, values) -> list[list[int]]:
+        names = list(self.ir.symbols)
+        return [[evaluate(parse(d, names), values) for d in self.ir.values[v].shape] for v in io.inputs]
+
+    def run(self, fake: Path, index: int, shapes: list[list[int]], itemsizes: list[int],
+            offsets: list[int], param_sizes: list[int], tmp: Path) -> dict[str, str]:
+        spec = tmp / f"spec_{index}.txt"
+        lines = [f"launch {index}", "arch 9 0", f"param_sizes {len(param_sizes)} "
+                 + " ".join(map(str, param_sizes))]
+        for shape, size, off in zip(shapes, itemsizes, offsets):
+            lines.append(f"input {size} {off} {len(shape)} " + " ".join(map(str, shape)))
+        spec.write_text("\n".join(lines) + "\n")
+        env = {**os.environ, "KERNEL_LENS_TEST_CUDA_DRIVER": str(fake)}
+        proc = subprocess.run([str(self.exe), "spec", str(spec)], capture_output=True, text=True,
+                              env=env, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return dict(line.partition("=")[::2] for line in proc.stdout.splitlines())
+
+
+def _pointer_of(out: dict[str, str], kind: str, i: int) -> int:
+    key = "inputs" if kind == "in" else "outputs"
+    hexes = [h for h in out[key].split(",") if h]
+    return int.from_bytes(bytes.fromhex(hexes[i]), "little")
+
+
+def _check_launch(model: Model, fake: Path, index: int, values: dict[str, int], tmp: Path,
+                  misalign: bool = False) -> str:
+    io, kernel, binary, grid, ints = model.expected(index, values, [0] * 64)
+    ir = model.ir
+    itemsizes = [ir.values[v].dtype.itemsize for v in io.inputs]
+    offsets = [(ir.values[v].dtype.itemsize if misalign else 0) for v in io.inputs]
+    io, kernel, binary, grid, ints = model.expected(index, values, offsets)
+    if binary is None:  # every binary's assumptions broken: a refusal, nothing launched
+        out = model.run(fake, index, model.shapes(io, values), itemsizes, offsets, [8], tmp)
+        assert "break an assumption every compiled binary makes" in out.get("status", ""), out
+        assert out["launches"] == "0"
+        return "refused"
+    sizes = [8 if a.c_type == "void*" else struct.calcsize(_PACK[a.c_type]) for a in binary.abi]
+    out = model.run(fake, index, model.shapes(io, values), itemsizes, offsets, sizes, tmp)
+    where = f"{ir.name} launch {index} at {values}{' misaligned' if misalign else ''}"
+    assert out.get("status", "") == "" and "exception" not in out, (where, out)
+    assert out["launches"] == "1", where
+    assert out["grid"] == ",".join(map(str, grid)), where
+    assert out["block"] == str(32 * binary.num_warps), where
+    assert out["image"] == _cubin_id(binary.cubin), f"{where}: another binary ran"
+    names = list(ir.symbols)
+    args = {a.name: a for a in ir.launches[index].args}
+    want = b""
+    for a in binary.abi:
+        if a.name in ("global_scratch", "profile_scratch"):
+            size = binary.global_scratch_size if a.name == "global_scratch" else binary.profile_scratch_size
+            if size:  # a scratch buffer of the context's: its address is not ours to predict
+                got = bytes.fromhex(out["params"])[len(want):len(want) + 8]
+                want += got
+            else:
+                want += bytes(8)
+            continue
+        if a.c_type == "void*":
+            kind, i = io.bindings[a.name]
+            offset = evaluate(parse(args[a.name].storage_offset, names), values) * \
+                kernel.param(a.name).dtype.itemsize
+            want += struct.pack("<Q", _pointer_of(out, kind, i) + offset)
+        elif a.name in ints:
+            want += struct.pack(_PACK[a.c_type], ints[a.name])
+        else:
+            want += struct.pack(_PACK[a.c_type], args[a.name].constant)
+    got = bytes.fromhex(out["params"])
+    assert got == want, f"{where}: parameter bytes differ: {_diff(binary.abi, got, want)}"
+    return "specialized" if binary.specialized else "generic"
+
+
+def _diff(abi, got: bytes, want: bytes) -> str:
+    at, parts = 0, []
+    for a in abi:
+        n = 8 if a.c_type == "void*" else struct.calcsize(_PACK[a.c_type])
+        if got[at:at + n] != want[at:at + n]:
+            parts.append(f"{a.name} ({a.c_type}): got {got[at:at + n].hex()} want {want[at:at + n].hex()}")
+        at += n
+    return "; ".join(parts) or f"lengths {len(got)} vs {len(want)}"
+
+
+def _assignments(model: Model) -> list[dict[str, int]]:
+    """Range ends, odd sizes and the captured sizes, per symbol (others at their example)."""
+    out = []
+    syms = model.ir.symbols
+    base = {n: s.example for n, s in syms.items()}
+    out.append(dict(base))
+    for name, info in syms.items():
+        hi = info.max if info.max is not None else info.example * 4 + 3
+        for v in {info.min, min(hi, 17), min(hi, info.min + 1) | 1, hi}:
+            if info.min <= v <= hi and v * info.scale + info.offset >= 0:
+                out.append({**base, name: v})
+    return out
+
+
+_STEMS = [p.stem for p in corpus_files()]
+
+
+@pytest.mark.parametrize("stem", _STEMS)
+def test_generated_launches_match_the_ir_at_many_sizes(stem, fake_driver, tmp_path):
+    model = Model(stem, tmp_path)
+    seen = set()
+    for values in _assignments(model):
+        for index in range(len(model.ir.launches)):
+            seen.add(_check_launch(model, fake_driver, index, values, tmp_path))
+            seen.add(_check_launch(model, fake_driver, index, values, tmp_path, misalign=True))
+    assert seen
+
+
+def test_sizes_outside_the_range_are_refused_and_nothing_runs(fake_driver, tmp_path):
+    model = Model("rmsnorm", tmp_path)
+    io, *_ = model.expected(0, {"batch": 2, "seq": 8}, [0])
+    for batch, seq in ((65, 8), (2, 2049), (1, 8)):
+        out = model.run(fake_driver, 0, [[batch, seq, 80]] + model.shapes(io, {"batch": 2, "seq": 8})[1:],
+                        [4] * len(io.inputs), [0] * len(io.inputs), [8], tmp_path)
+        assert "outside the range" in out["status"], out
+        assert out["launches"] == "0" and out["loads"] == "0"
+
+
+def test_inconsistent_dims_are_refused(fake_driver, tmp_path):
+    model = Model("vector_add", tmp_path)
+    out = model.run(fake_driver, 0, [[1000], [999]], [4, 4], [0, 0], [8], tmp_path)
+    assert "expected" in out["status"] and out["launches"] == "0", out
+
+
+def test_misaligned_views_run_the_generic_binary_and_past_int32_the_int64_one(fake_driver, tmp_path):
+    cases = load_module(ROOT / "tests" / "models" / "specialization_cases.py")
+    import torch
+
+    ir = kl.compile(cases.Scale(), (torch.randn(4096),), dynamic_shapes=({0: cases.unbounded},),
+                    arch=90).ir
+    model = Model.__new__(Model)
+    model.ir = ir
+    (tmp_path / "kl_launches.cpp").write_text(render_launches(ir))
+    model.exe = tmp_path / "harness"
+    _build([_tool("g++", "c++"), "-std=c++17", "-O1", *WARNINGS, "-DKL_HARNESS_GENERATED",
+            f"-I{RUNTIME}", str(FAKE / "harness.cpp"), str(tmp_path / "kl_launches.cpp"), "-o",
+            str(model.exe), "-ldl"])
+    (sym,) = ir.symbols
+    assert _check_launch(model, fake_driver, 0, {sym: 4096}, tmp_path) == "specialized"
+    assert _check_launch(model, fake_driver, 0, {sym: 4096}, tmp_path, misalign=True) == "generic"
+    assert _check_launch(model, fake_driver, 0, {sym: 4099}, tmp_path) == "generic"
+    # 2^31 + 16 elements: divisible by 16 but past int32, so only the int64 binary may run
+    assert _check_launch(model, fake_driver, 0, {sym: 2**31 + 16}, tmp_path) == "generic"
+    _, _, binary, _, ints = model.expected(0, {sym: 2**31 + 16}, [0])
+    assert next(a for a in binary.abi if a.name == "n").c_type == "int64_t" and ints["n"] == 2**31 + 16
