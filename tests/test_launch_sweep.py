@@ -269,3 +269,22 @@ def test_misaligned_views_run_the_generic_binary_and_past_int32_the_int64_one(fa
     assert _check_launch(model, fake_driver, 0, {sym: 2**31 + 16}, tmp_path) == "generic"
     _, _, binary, _, ints = model.expected(0, {sym: 2**31 + 16}, [0])
     assert next(a for a in binary.abi if a.name == "n").c_type == "int64_t" and ints["n"] == 2**31 + 16
+
+
+def test_launch_log_names_the_binary_that_ran(fake_driver, tmp_path):
+    # KERNEL_LENS_LOG_LAUNCHES=1: one stderr line per launch with the binary's variant
+    model = Model("vector_add", tmp_path)
+    for offset, variant in ((0, "specialized"), (4, "generic")):
+        spec = tmp_path / "spec.txt"
+        spec.write_text(f"launch 0\narch 9 0\nparam_sizes 4 8 8 8 4\ninput 4 {offset} 1 4096\n"
+                        f"input 4 0 1 4096\n")
+        env = {**os.environ, "KERNEL_LENS_TEST_CUDA_DRIVER": str(fake_driver),
+               "KERNEL_LENS_LOG_LAUNCHES": "1"}
+        proc = subprocess.run([str(model.exe), "spec", str(spec)], capture_output=True, text=True,
+                              env=env, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert f"binary={variant} grid=(" in proc.stderr, proc.stderr
+    env.pop("KERNEL_LENS_LOG_LAUNCHES")
+    proc = subprocess.run([str(model.exe), "spec", str(spec)], capture_output=True, text=True,
+                          env=env, timeout=60)
+    assert "kernel_lens: launch" not in proc.stderr

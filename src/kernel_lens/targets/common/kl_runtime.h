@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
 #include <map>
@@ -155,7 +156,18 @@ struct Binary {
   size_t global_scratch_size;  // per program
   size_t global_scratch_align;
   size_t profile_scratch_size;
+  const char* variant = "";    // "specialized" or "generic": which assumptions it was built under
 };
+
+// KERNEL_LENS_LOG_LAUNCHES=1: one line per launch on stderr (kernel, binary variant, grid), to
+// see which binary a call ran (e.g. the generic one for misaligned inputs). Read once.
+inline bool log_launches() {
+  static const bool on = [] {
+    const char* v = std::getenv("KERNEL_LENS_LOG_LAUNCHES");
+    return v != nullptr && *v != '\0' && std::string(v) != "0";
+  }();
+  return on;
+}
 
 // Loaded functions, one per (context, binary); loading is serialized, lookups are cheap.
 // Keyed by the context's unique id (cuCtxGetId), never by its address: a context destroyed
@@ -401,6 +413,8 @@ inline Status launch(const Driver& d, LaunchContext& ctx, const Binary& b, int64
   }
   params.push_back(&global_scratch);
   params.push_back(&profile_scratch);
+  if (log_launches())
+    std::fprintf(stderr, "kernel_lens: launch %s binary=%s grid=%s\n", b.kernel, b.variant, grid.c_str());
   KL_CHECK(d, d.cuLaunchKernel(fn, static_cast<unsigned>(blocks_x), static_cast<unsigned>(gy),
                                static_cast<unsigned>(gz), 32 * b.num_warps, 1, 1, b.shared, ctx.stream(),
                                params.data(), nullptr),
