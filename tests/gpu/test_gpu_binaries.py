@@ -71,9 +71,11 @@ PROBE = textwrap.dedent('''
 ''')
 
 
-def test_the_binary_the_inputs_allow_runs_and_is_bit_exact():
+def test_the_binary_the_inputs_allow_runs_and_is_bit_exact(tmp_path):
     env = {**os.environ, "KERNEL_LENS_LOG_LAUNCHES": "1"}
-    proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env,
+    probe = tmp_path / "probe.py"  # a file: Triton reads kernels' source
+    probe.write_text(PROBE)
+    proc = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, env=env,
                           cwd=ROOT, timeout=900)
     print(proc.stdout)
     assert proc.returncode == 0, proc.stderr[-4000:]
