@@ -22,6 +22,9 @@ Kernels (names are what tests count launches by):
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+
 import torch
 import triton
 import triton.language as tl
@@ -345,3 +348,19 @@ class TritonActivation(torch.nn.Module):
 
     def extra_repr(self):
         return self.act
+
+
+@contextlib.contextmanager
+def triton_rope(modeling_module: str | None):
+    """transformers' attention calls its modeling module's ``apply_rotary_pos_emb``: swap it for
+    the Triton one while the block runs (always restored; ``None``: no swap)."""
+    if modeling_module is None:
+        yield
+        return
+    mod = importlib.import_module(modeling_module)
+    original = mod.apply_rotary_pos_emb
+    mod.apply_rotary_pos_emb = apply_rotary_pos_emb
+    try:
+        yield
+    finally:
+        mod.apply_rotary_pos_emb = original

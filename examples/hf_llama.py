@@ -17,7 +17,6 @@ size ``benchmarks/bench_hf_llama.py`` measures on the GPU). Needs ``transformers
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import torch
@@ -33,17 +32,6 @@ SIZES = {
     "bench": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
                   num_attention_heads=16, num_key_value_heads=4, vocab_size=8192),
 }
-
-
-@contextlib.contextmanager
-def triton_rope():
-    """Llama's attention calls the module-level ``apply_rotary_pos_emb``: swap it while running."""
-    original = modeling_llama.apply_rotary_pos_emb
-    modeling_llama.apply_rotary_pos_emb = K.apply_rotary_pos_emb
-    try:
-        yield
-    finally:
-        modeling_llama.apply_rotary_pos_emb = original
 
 
 class HFLlama(torch.nn.Module):
@@ -65,7 +53,7 @@ class HFLlama(torch.nn.Module):
                         setattr(parent, name, K.TritonGatedMLP(child, "silu"))
 
     def forward(self, input_ids):
-        with triton_rope() if self.triton else contextlib.nullcontext():
+        with K.triton_rope(modeling_llama.__name__ if self.triton else None):
             return self.model(input_ids=input_ids, use_cache=False).last_hidden_state
 
 

@@ -89,13 +89,11 @@ Fake load_fake() {
 }
 
 // ---- a LaunchContext over host buffers (the fake's device memory is host memory) ---------------
-class HostContext final : public kl::LaunchContext {
+// Node inputs from a table of shapes and data pointers (every context of this harness).
+class TableContext : public kl::LaunchContext {
  public:
   std::vector<std::vector<int64_t>> shapes;
   std::vector<char*> data;
-  std::vector<size_t> scratch_sizes;
-  std::vector<void*> scratch_ptrs;
-  std::vector<char*> outputs;
 
   int64_t dim(int input, int d) const override { return kl::checked_dim(shapes, input, d); }
   char* input(int i) const override { return kl::checked_input(data, i); }
@@ -103,6 +101,18 @@ class HostContext final : public kl::LaunchContext {
     return input >= 0 && static_cast<size_t>(input) < shapes.size() ? static_cast<int>(shapes[input].size()) : -1;
   }
   int input_count() const override { return static_cast<int>(shapes.size()); }
+  kl::CUstream stream() const override { return reinterpret_cast<kl::CUstream>(const_cast<int*>(&stream_)); }
+
+ private:
+  int stream_ = 0;
+};
+
+class HostContext final : public TableContext {
+ public:
+  std::vector<size_t> scratch_sizes;
+  std::vector<void*> scratch_ptrs;
+  std::vector<char*> outputs;
+
   kl::Status output(int i, const std::vector<int64_t>& shape, char** data) override {
     size_t numel = 1;
     for (int64_t s : shape) {
@@ -122,10 +132,8 @@ class HostContext final : public kl::LaunchContext {
     scratch_ptrs.push_back(*out);
     return {};
   }
-  kl::CUstream stream() const override { return reinterpret_cast<kl::CUstream>(const_cast<int*>(&stream_)); }
 
  private:
-  int stream_ = 0;
   std::vector<std::vector<char>> buffers_;
 };
 
@@ -364,18 +372,10 @@ void* reserve(size_t bytes) {
   return p;
 }
 
-class SpecContext final : public kl::LaunchContext {
+class SpecContext final : public TableContext {
  public:
-  std::vector<std::vector<int64_t>> shapes;
-  std::vector<char*> data;
   std::vector<std::vector<int64_t>> output_shapes;
   std::vector<char*> outputs;
-  int64_t dim(int input, int d) const override { return kl::checked_dim(shapes, input, d); }
-  char* input(int i) const override { return kl::checked_input(data, i); }
-  int rank(int input) const override {
-    return input >= 0 && static_cast<size_t>(input) < shapes.size() ? static_cast<int>(shapes[input].size()) : -1;
-  }
-  int input_count() const override { return static_cast<int>(shapes.size()); }
   kl::Status output(int, const std::vector<int64_t>& shape, char** out) override {
     size_t numel = 1;
     for (int64_t s : shape) {
@@ -391,10 +391,6 @@ class SpecContext final : public kl::LaunchContext {
     *out = reserve(bytes);
     return {};
   }
-  kl::CUstream stream() const override { return reinterpret_cast<kl::CUstream>(const_cast<int*>(&stream_)); }
-
- private:
-  int stream_ = 0;
 };
 
 uint64_t fnv1a(const unsigned char* p, size_t n) {

@@ -51,20 +51,7 @@ def test_native_capture_matches_reference_and_jit(name):
 
 # --- launches through the handle kernel.warmup(...) returns -------------------------------------
 import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-
-@triton.jit
-def _softmax_kernel(out_ptr, in_ptr, in_stride, out_stride, n_rows, n_cols,
-                    BLOCK_SIZE: tl.constexpr, num_stages: tl.constexpr):
-    row_start = tl.program_id(0)
-    row_step = tl.num_programs(0)
-    for row_idx in tl.range(row_start, n_rows, row_step, num_stages=num_stages):
-        cols = tl.arange(0, BLOCK_SIZE)
-        mask = cols < n_cols
-        row = tl.load(in_ptr + row_idx * in_stride + cols, mask=mask, other=-float("inf"))
-        num = tl.exp(row - tl.max(row, axis=0))
-        tl.store(out_ptr + row_idx * out_stride + cols, num / tl.sum(num, axis=0), mask=mask)
+from test_liger_capture import _softmax_kernel  # noqa: E402  (the fused-softmax tutorial's kernel)
 
 
 def _warm(x, y):

@@ -19,9 +19,7 @@ activations and rotary embeddings.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import importlib
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -177,21 +175,6 @@ _ROPE_MODULES = {a: f"transformers.models.{a}.modeling_{a}"
                  for a in ("llama", "mistral", "qwen2", "gemma", "phi")}
 
 
-@contextlib.contextmanager
-def triton_rope(modeling_module: str | None):
-    """Swap ``apply_rotary_pos_emb`` of a transformers modeling module for the Triton one."""
-    if modeling_module is None:
-        yield
-        return
-    mod = importlib.import_module(modeling_module)
-    original = mod.apply_rotary_pos_emb
-    mod.apply_rotary_pos_emb = K.apply_rotary_pos_emb
-    try:
-        yield
-    finally:
-        mod.apply_rotary_pos_emb = original
-
-
 class HFWithTriton(torch.nn.Module):
     """A transformers base model run with ``use_cache=False``; returns ``last_hidden_state``."""
 
@@ -205,7 +188,7 @@ class HFWithTriton(torch.nn.Module):
 
     def forward(self, input_ids):
         kwargs = {"use_cache": False} if self.decoder else {}
-        with triton_rope(self.rope_module):
+        with K.triton_rope(self.rope_module):
             return self.model(input_ids=input_ids, **kwargs).last_hidden_state
 
 

@@ -102,13 +102,6 @@ _MD_FIELDS = ("name", "num_warps", "num_ctas", "shared", "global_scratch_size", 
 _MD_DEFAULTS = {"profile_scratch_size": 0, "profile_scratch_align": 1}  # older Tritons lack them
 
 
-def binary_cache_dir() -> Path:
-    """``<kernel_lens cache>/aot``: compiled kernels, one JSON entry per key."""
-    from ..toolchain.build import build_cache_dir
-
-    return build_cache_dir() / "aot"
-
-
 def _triton_install() -> list:
     """Triton's version and where/what its compiler library is (cheap: a stat, not a hash)."""
     lib = Path(triton.__file__).parent / "_C" / f"libtriton.{sysconfig.get_config_var('EXT_SUFFIX').split('.')[-1]}"

@@ -30,19 +30,19 @@ owns its memory: a graph input, a weight, the result of a non-aliasing op) has v
 * Torch ops and graph outputs always see the latest version of a root: a view is re-derived from
   the latest root version at each use (its ONNX view chain is re-emitted when the root changed
   since the last derivation). View ops feeding only kernels emit nothing.
-* May-alias ops (``reshape``, ``contiguous``, ``to``: the IR lists their input in ``aliases``
-  whatever torch did) are views unless torch copied: the dtype changed, or a non-dense input
-  became a dense result. A copy is a root of its own, taken at its program point.
+* View-or-copy ops (``reshape``, ``contiguous``, ...) are views exactly when the IR lists their
+  input in ``aliases`` (the front end records whether torch copied); a copy is translated like any
+  op and is a root of its own, taken at its program point.
 * Allocations (``empty*``) emit nothing: a kernel producing the buffer as a fresh output creates
-  it; any other reader sees zeros (ConstantOfShape).
+  it; any other reader sees zeros.
 
 Rejected (``UnsupportedKernelError``) because ONNX cannot express it faithfully: a kernel bound
 to a root whose torch layout is not dense row-major (ONNX tensors are dense, the kernel would
-apply torch's strides); a kernel argument reached from its root through an op that copied
-(``launch_io`` would bind the kernel to the root's memory with the copy's strides); an in-place
-torch op writing through a view of the kinds above; any torch op with no translation in
-:mod:`kernel_lens.onnx.aten` that is actually needed (dead ops are pruned first, so an
-untranslatable op whose result nothing uses is harmless).
+apply torch's strides); a kernel argument that views its root as another dtype; an in-place
+torch op writing through a view of the kinds above; any torch op that is actually needed and that
+neither onnxscript's torchlib nor :mod:`kernel_lens.onnx.aten` translates (dead ops are pruned
+first, so an untranslatable op whose result nothing uses is harmless). Torch ops are translated
+by torchlib (:mod:`kernel_lens.onnx.torchlib`), then the graph is constant-folded (``optimize``).
 
 Symbolic integers (reshape sizes, slice bounds, arange ends, ...) are computed at run time from
 the graph inputs' dims (Shape on the input/dim ``ir.symbols`` names, then integer arithmetic),
