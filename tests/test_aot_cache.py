@@ -65,7 +65,9 @@ def test_hit_gives_the_fresh_binary_without_running_triton(kernel, cache, triton
     assert len(triton_runs) == 1, "a cache hit must not run triton.compile"
     assert again == fresh
     assert again.model_dump_json() == fresh.model_dump_json()
-    assert again == kernel.binaries[0]  # what kl.compile put into the IR
+    ir_binary = kernel.binaries[0]  # what kl.compile put into the IR
+    differ = [f for f in type(again).model_fields if getattr(again, f) != getattr(ir_binary, f)]
+    assert not differ, f"the cache hit differs from kl.compile's binary in {differ}"
 
 
 def test_key_separates_archs_and_assumptions(kernel, cache, triton_runs):
@@ -156,3 +158,24 @@ def test_triton_always_compile_bypasses_the_cache(kernel, cache, triton_runs, mo
     monkeypatch.setattr(triton.knobs.compilation, "always_compile", True)
     _compile(kernel)
     assert len(triton_runs) == 2
+
+
+def test_same_source_elsewhere_is_another_binary(cache, tmp_path, triton_runs):
+    # the binary's line info names the kernel's file and line, which Triton's source hash does
+    # not cover: a copy of the kernel in another file (two lines lower) must not hit the
+    # original's entry, nor be compiled from the original's function
+    copy = tmp_path / "vector_add_copy.py"
+    copy.write_text("# a copy\n\n" + (CORPUS / "vector_add.py").read_text())
+    binaries = {}
+    for path in (CORPUS / "vector_add.py", copy):
+        module = load_module(path)
+        ir = kl.compile(module.model, tuple(t.clone() for t in module.example_inputs), arch=90,
+                        dynamic_shapes=module.dynamic_shapes).ir
+        (k,) = ir.kernels.values()
+        assert k.source.file == str(path)
+        binaries[path] = k.binaries[0]
+    original, copied = binaries.values()
+    assert f'.file\t1 "{CORPUS / "vector_add.py"}"' in original.ptx
+    assert f'.file\t1 "{copy}"' in copied.ptx
+    assert original.ptx.replace(str(CORPUS / "vector_add.py"), str(copy)) != copied.ptx  # lines
+    assert len(triton_runs) == 4  # specialized + generic, for each file

@@ -9,6 +9,7 @@ Compiled binaries are also kept in a content-addressed cache of our own,
 ``triton.compile`` entirely (whose own cache lookup hashes Triton's whole installation, the
 400 MB ``libtriton.so`` included, once per process). The key covers what Triton's key covers:
 the kernel's source with its dependencies and the globals it uses (``JITFunction.cache_key``),
+where the kernel and its helpers are defined (file and line: the binary's line info names them),
 the signature, constexprs and attributes, the parsed options, the backend (arch and ``ptxas``
 version), Triton's cache-invalidating environment variables, and Triton's version and
 installation (``libtriton`` path, size and mtime). An entry is used only if it is a regular file
@@ -113,9 +114,18 @@ def _triton_install() -> list:
     return [triton.__version__, *ident]
 
 
-def _cache_key(src: ASTSource, backend, options, env_vars: dict) -> str:
+def _locations(kernel: KernelIR, src: ASTSource) -> list:
+    """Where the kernel and its helpers are defined: the binary's line info names them, and
+    Triton's source hash does not cover them (the same text elsewhere is another binary)."""
+    fn = src.fn
+    live = [getattr(getattr(fn, "fn", fn), "__code__", None), getattr(fn, "starting_line_number", None)]
+    return [str(getattr(live[0], "co_filename", None)), live[1],
+            *[(s.file, s.line) for s in (kernel.source, *kernel.helpers)]]
+
+
+def _cache_key(src: ASTSource, backend, options, env_vars: dict, locations: list) -> str:
     payload = [_CACHE_SCHEMA, _triton_install(), src.hash(), backend.hash(), options.hash(),
-               sorted(env_vars.items())]
+               sorted(env_vars.items()), locations]
     return hashlib.sha256(json.dumps(payload, default=str).encode()).hexdigest()
 
 
@@ -176,7 +186,8 @@ def _compile(kernel: KernelIR, src: ASTSource, arch: int, options: dict):
         return fresh()
     backend = tc.backend_for(arch)
     parsed = backend.parse_options(dict(options, **src.parse_options()))
-    key = _cache_key(src, backend, parsed, get_cache_invalidating_env_vars())
+    key = _cache_key(src, backend, parsed, get_cache_invalidating_env_vars(),
+                     _locations(kernel, src))
     cached = _read_entry(key)
     if cached is not None:
         return cached

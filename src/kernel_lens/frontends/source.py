@@ -16,7 +16,9 @@ from typing import Any
 from ..errors import KernelSourceError
 from ..ir import SourceInfo
 
-_registry: dict[str, Any] = {}  # source_hash -> JITFunction, for re-compiling from the IR
+# (source_hash, qualname, file, line) -> JITFunction, for re-compiling from the IR. The same text
+# defined elsewhere is another function: its binary's line info names its own file and line.
+_registry: dict[tuple[str, str, str, int], Any] = {}
 
 
 def _jit_types() -> tuple[type, ...]:
@@ -102,9 +104,10 @@ def describe(jit_fn: Any, kernel: str) -> tuple[SourceInfo, list[Any]]:
                 if target.startswith("jit:"):
                     called.append(value)
     digest = hashlib.sha256(text.encode()).hexdigest()
-    _registry[digest] = jit_fn
-    return SourceInfo(qualname=qualname(jit_fn), file=file, line=line, source_hash=digest,
-                      text=text, callees=callees), called
+    info = SourceInfo(qualname=qualname(jit_fn), file=file, line=line, source_hash=digest,
+                      text=text, callees=callees)
+    _registry[_identity(info)] = jit_fn
+    return info, called
 
 
 def describe_kernel(jit_fn: Any, kernel: str) -> tuple[SourceInfo, list[SourceInfo]]:
@@ -124,9 +127,13 @@ def describe_kernel(jit_fn: Any, kernel: str) -> tuple[SourceInfo, list[SourceIn
     return info, [helpers[k] for k in sorted(helpers)]
 
 
+def _identity(source: SourceInfo) -> tuple[str, str, str, int]:
+    return source.source_hash, source.qualname, source.file, source.line
+
+
 def resolve_jit(source: SourceInfo) -> Any:
     """The live JITFunction for a SourceInfo (same process, or importable by module name)."""
-    fn = _registry.get(source.source_hash)
+    fn = _registry.get(_identity(source))
     if fn is not None:
         return fn
     import importlib
@@ -146,5 +153,5 @@ def resolve_jit(source: SourceInfo) -> Any:
             f"kernel {source.qualname}: its source changed since the IR was captured "
             f"(hash mismatch); capture the model again"
         )
-    _registry[source.source_hash] = fn
+    _registry[_identity(source)] = fn
     return fn
