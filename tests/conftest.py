@@ -8,9 +8,13 @@ from pathlib import Path
 
 import pytest
 
-# Hermetic: every test session builds into its own cache, never the user's ~/.cache.
+# Hermetic: every test session builds into its own caches, never the user's ~/.cache, nor
+# Triton's ~/.triton (whose key omits the kernel's file: an entry from another checkout would
+# hand back a binary whose line info names that checkout).
 os.environ["KERNEL_LENS_CACHE"] = tempfile.mkdtemp(prefix="kl_test_cache_")
 atexit.register(shutil.rmtree, os.environ["KERNEL_LENS_CACHE"], True)
+os.environ["TRITON_HOME"] = os.environ["KERNEL_LENS_CACHE"]
+os.environ.pop("TRITON_CACHE_DIR", None)
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "corpus"
