@@ -12,9 +12,24 @@ import pytest
 # Triton's ~/.triton (whose key omits the kernel's file: an entry from another checkout would
 # hand back a binary whose line info names that checkout).
 os.environ["KERNEL_LENS_CACHE"] = tempfile.mkdtemp(prefix="kl_test_cache_")
-atexit.register(shutil.rmtree, os.environ["KERNEL_LENS_CACHE"], True)
 os.environ["TRITON_HOME"] = os.environ["KERNEL_LENS_CACHE"]
 os.environ.pop("TRITON_CACHE_DIR", None)
+_OWNER = os.getpid()  # forked children (mutmut) share the folder: only its maker removes it
+atexit.register(lambda folder=os.environ["KERNEL_LENS_CACHE"]: os.getpid() == _OWNER
+                and shutil.rmtree(folder, True))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fresh_build_cache():
+    """A fresh kernel_lens cache for each test session, made when the session starts: a process
+    that imports this file once and runs several sessions in forked children (mutmut) must not
+    hand one session's cached lowerings and builds to the next."""
+    folder = tempfile.mkdtemp(prefix="kl_test_cache_")
+    previous, os.environ["KERNEL_LENS_CACHE"] = os.environ["KERNEL_LENS_CACHE"], folder
+    yield
+    os.environ["KERNEL_LENS_CACHE"] = previous
+    shutil.rmtree(folder, True)
+
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "corpus"

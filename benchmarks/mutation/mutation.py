@@ -1,0 +1,99 @@
+"""Mutation score of the CPU test suite (issue 8), measured with mutmut (PyPI), not in CI.
+
+mutmut's configuration is ``[tool.mutmut]`` in pyproject.toml (what is mutated: ``passes/``,
+``ir/``, ``onnx/``, ``targets/common/``, ``runtime/``). Every mutant is generated; a uniform
+random sample of them (fixed seed) is run, because the whole set (about 5,100 mutants, each
+running the tests that reach its function) takes far longer than a session on a 2-core host.
+
+    mutmut run --max-children 2 NONEXISTENT   # generate mutants and collect test stats once
+    python benchmarks/mutation/mutation.py sample 400 > /tmp/names   # the sample (seed 0)
+    mutmut run --max-children 2 $(cat /tmp/names)
+    python benchmarks/mutation/mutation.py collect /tmp/names        # -> results.json
+
+``collect`` reads mutmut's verdicts from ``mutants/**/*.meta`` and the triage of survivors
+from ``triage.json`` (mutant name -> [verdict, why]: "equivalent" or "gap").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+MUTANTS = ROOT / "mutants"
+
+
+def _all() -> dict[str, int | None]:
+    codes: dict[str, int | None] = {}
+    for meta in sorted(MUTANTS.rglob("*.py.meta")):
+        codes.update(json.loads(meta.read_text())["exit_code_by_key"])
+    return codes
+
+
+def sample(n: int, seed: int = 0) -> list[str]:
+    names = sorted(_all())
+    return sorted(random.Random(seed).sample(names, min(n, len(names))))
+
+
+def _status(code: int | None) -> str:
+    from mutmut.__main__ import status_by_exit_code
+
+    return status_by_exit_code[code]
+
+
+def _module_of(name: str) -> str:
+    return name.split(".x", 1)[0]  # mutmut's names: <module>.x_<function>__mutmut_<n>
+
+
+def collect(names_file: Path) -> dict:
+    codes = _all()
+    names = [n for n in names_file.read_text().split() if n]
+    triage = json.loads((HERE / "triage.json").read_text()) if (HERE / "triage.json").exists() else {}
+    status = {n: _status(codes.get(n)) for n in names}
+    counts = Counter(status.values())
+    run = [n for n in names if status[n] in ("killed", "survived", "timeout", "segfault", "suspicious")]
+    killed = [n for n in run if status[n] in ("killed", "timeout", "segfault")]
+    survivors = [n for n in run if status[n] in ("survived", "suspicious")]
+    no_tests = [n for n in names if status[n] == "no tests"]
+    equivalent = [n for n in survivors if triage.get(n, [""])[0] == "equivalent"]
+
+    def score(k: int, total: int) -> dict:
+        p = k / total if total else float("nan")
+        half = 1.96 * math.sqrt(p * (1 - p) / total) if total else float("nan")
+        return {"killed": k, "of": total, "fraction": round(p, 4),
+                "ci95": [round(max(0.0, p - half), 4), round(min(1.0, p + half), 4)]}
+
+    diffs = {}
+    for n in survivors + no_tests:
+        proc = subprocess.run([sys.executable, "-m", "mutmut", "show", n], capture_output=True,
+                              text=True, cwd=ROOT)
+        diffs[n] = "\n".join(l for l in proc.stdout.splitlines()
+                             if l.startswith(("+", "-")) and not l.startswith(("+++", "---")))
+    by_file = Counter(_module_of(n) for n in names)
+    return {
+        "tool": "mutmut " + __import__("mutmut").__version__,
+        "generated": len(codes), "sampled": len(names), "sample_seed": 0,
+        "statuses": dict(counts),
+        "score_all_sampled": score(len(killed), len(names)),
+        "score_run": score(len(killed), len(run)),
+        "score_run_equivalent_removed": score(len(killed), len(run) - len(equivalent)),
+        "sampled_by_module": dict(sorted(by_file.items())),
+        "survivors": [{"name": n, "diff": diffs[n], "triage": triage.get(n, ["untriaged", ""])}
+                      for n in survivors],
+        "no_tests": [{"name": n, "diff": diffs[n]} for n in no_tests],
+    }
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "sample":
+        print("\n".join(sample(int(sys.argv[2]))))
+    elif sys.argv[1] == "collect":
+        result = collect(Path(sys.argv[2]))
+        (HERE / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+        print(json.dumps({k: v for k, v in result.items() if k.startswith(("score", "statuses"))}, indent=1))
