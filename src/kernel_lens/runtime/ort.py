@@ -5,7 +5,8 @@ current CUDA stream (ORT's ``user_compute_stream``), so no synchronization is ad
 custom ops launch on the same stream torch uses.
 
 The call path is lean: everything that does not depend on the call's tensors (dtype codes,
-rank and dim checks, output-shape evaluators as exact integer closures) is computed once, and
+rank and dim checks, output-shape evaluators as exact integer closures: the model's
+:class:`~kernel_lens.runtime.signature.CallSignature`) is computed once, and
 a binding is only re-made for a tensor whose pointer or shape changed since the last call.
 
 With ``cuda_graph=True`` the session uses ORT's CUDA-graph mode: per distinct input shape the
@@ -20,17 +21,14 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
-from ..errors import InputError, KernelLensError
-from ..ir import DType, GraphIR, parse
-from ..ir.types import torch_name
+from ..errors import KernelLensError
+from ..ir import GraphIR
 from ..onnx import onnx_dtype
-from .evaluate import evaluator
-
-Shape = tuple[int, ...]
+from .signature import CallSignature, Shape
 
 
 @dataclass
@@ -38,8 +36,6 @@ class _Input:
     name: str
     dtype: torch.dtype
     code: int                                  # ONNX element type, for IOBinding
-    rank: int
-    checks: list[tuple[int, Callable | int, str]]  # (dim, expected: int or evaluator, IR text)
 
 
 @dataclass
@@ -47,7 +43,6 @@ class _Output:
     name: str                                  # the ONNX graph's output name
     dtype: torch.dtype
     code: int
-    dims: list[Callable]                       # evaluators of the symbol values
 
 
 @dataclass
@@ -69,10 +64,6 @@ class _Session:
     graphs: dict[tuple, _Graph] = field(default_factory=dict)
 
 
-def _torch_dtype(dtype: DType) -> torch.dtype:
-    return getattr(torch, torch_name(dtype))
-
-
 class OrtModel:
     """An ONNX Runtime session over a compiled model, called with torch CUDA tensors."""
 
@@ -90,26 +81,11 @@ class OrtModel:
         self.ir = ir
         self.cuda_graph = bool(cuda_graph)
         self.onnx_path, self.library_path = str(onnx_path), str(library_path)
-        names = list(ir.symbols)
-        sources = {(info.input, info.dim) for info in ir.symbols.values()
-                   if info.scale == 1 and info.offset == 0}
-        self._inputs = []
-        for i, name in enumerate(ir.inputs):
-            value = ir.values[name]
-            checks = []
-            for d, text in enumerate(value.shape):
-                if (i, d) in sources:
-                    continue  # read, not checked: it defines its symbol
-                expr = parse(text)
-                checks.append((d, int(expr) if expr.is_Integer else evaluator(expr, names), text))
-            self._inputs.append(_Input(name, _torch_dtype(value.dtype), onnx_dtype(value.dtype),
-                                       len(value.shape), checks))
-        self._symbols = [(sym, info.input, info.dim, info.scale, info.offset, info.min, info.max)
-                         for sym, info in ir.symbols.items()]
-        self._outputs = [
-            _Output(f"output_{i}", _torch_dtype(ir.values[name].dtype), onnx_dtype(ir.values[name].dtype),
-                    [evaluator(parse(s), names) for s in ir.values[name].shape])
-            for i, name in enumerate(ir.outputs)]
+        self.signature = CallSignature(ir)
+        self._inputs = [_Input(spec.name, spec.dtype, onnx_dtype(spec.ir_dtype))
+                        for spec in self.signature.inputs]
+        self._outputs = [_Output(f"output_{i}", o.dtype, onnx_dtype(o.ir_dtype))
+                         for i, o in enumerate(self.signature.outputs)]
         self._mutated = [(o, ir.inputs.index(o.removeprefix("mutated_"))) for o in self._graph_outputs()
                          if o.startswith("mutated_")]
         self._sessions: dict[tuple[int, int], _Session] = {}
@@ -166,50 +142,12 @@ class OrtModel:
             state = self._sessions[key] = _Session(session, session.io_binding())
         return state
 
-    # --- validation --------------------------------------------------------------------------
+    # --- validation (the model's call signature, shared by every runner) --------------------
     def symbol_values(self, tensors: Sequence[torch.Tensor]) -> list[int]:
-        """The symbol values of a call (in the IR's symbol order), after checking every input."""
-        if len(tensors) != len(self._inputs):
-            raise InputError(f"{self.ir.name} takes {len(self._inputs)} inputs "
-                             f"({', '.join(self.ir.inputs)}), got {len(tensors)}")
-        device = -1
-        for spec, t in zip(self._inputs, tensors):
-            if not isinstance(t, torch.Tensor):
-                raise InputError(f"input {spec.name!r} must be a torch.Tensor, got {type(t).__name__}")
-            if not t.is_cuda:
-                raise InputError(f"input {spec.name!r} is on {t.device}; move it to a CUDA device")
-            index = t.get_device()
-            if device < 0:
-                device = index
-            elif index != device:
-                raise InputError(f"input {spec.name!r} is on cuda:{index}, other inputs on cuda:{device}")
-            if t.dtype != spec.dtype:
-                raise InputError(f"input {spec.name!r} has dtype {t.dtype}; the model was compiled for "
-                                 f"{spec.dtype}")
-            if t.dim() != spec.rank:
-                raise InputError(f"input {spec.name!r} has rank {t.dim()}, expected {spec.rank} "
-                                 f"(shape {self.ir.values[spec.name].shape})")
-            if not t.is_contiguous():
-                raise InputError(f"input {spec.name!r} is not contiguous; pass x.contiguous()")
-        values = []
-        for sym, i, d, scale, offset, lo, hi in self._symbols:
-            size = tensors[i].shape[d]
-            value, rest = divmod(size - offset, scale)
-            if rest or value < lo or (hi is not None and value > hi):
-                raise InputError(
-                    f"input {self.ir.inputs[i]!r} dim {d} = {size}: dynamic dim {sym} must be in "
-                    f"[{lo}, {'inf' if hi is None else hi}]"
-                    + (f" with size {scale}*{sym}+{offset}" if scale != 1 or offset else ""))
-            values.append(value)
-        for spec, t in zip(self._inputs, tensors):  # static and shared dims
-            for d, expected, text in spec.checks:
-                want = expected if isinstance(expected, int) else expected(values)
-                if t.shape[d] != want:
-                    raise InputError(f"input {spec.name!r} dim {d} is {t.shape[d]}, expected {text} = {want}")
-        return values
+        return self.signature.symbol_values(tensors)
 
     def output_shapes(self, values: Sequence[int]) -> list[Shape]:
-        return [tuple(f(values) for f in o.dims) for o in self._outputs]
+        return self.signature.output_shapes(values)
 
     # --- running -----------------------------------------------------------------------------
     def run(self, *tensors: torch.Tensor, out: Sequence[torch.Tensor] | None = None):
@@ -217,13 +155,7 @@ class OrtModel:
         device = tensors[0].device
         shapes = self.output_shapes(values)
         if out is not None:
-            if len(out) != len(shapes):
-                raise InputError(f"out= holds {len(out)} tensors; {self.ir.name} has {len(shapes)} outputs")
-            for i, (t, shape, o) in enumerate(zip(out, shapes, self._outputs)):
-                if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != o.dtype \
-                        or t.device != device or not t.is_contiguous():
-                    raise InputError(f"out[{i}] must be a contiguous {o.dtype} tensor of shape {shape} "
-                                     f"on {device}")
+            self.signature.check_out(out, shapes, device)
         with self._lock:
             if self.cuda_graph:
                 outputs = self._run_graph(tensors, shapes, out, device)

@@ -1,0 +1,140 @@
+"""What a call of a compiled model takes and gives, from the IR alone, for every runner.
+
+Built once per model: each input's dtype, rank and the dims it must have (integers, or exact
+evaluators of the symbol values), where each symbol is read from (input, dim, ``scale*s +
+offset``) and its declared range, and each output's dtype and shape evaluators. A call then
+costs a few microseconds of plain Python: :meth:`CallSignature.symbol_values` checks the
+tensors and reads the symbols, :meth:`CallSignature.output_shapes` gives the output shapes.
+Nothing here knows ONNX Runtime or TensorRT.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from ..errors import InputError
+from ..ir import DType, GraphIR, parse
+from ..ir.types import torch_name
+from .evaluate import evaluator
+
+Shape = tuple[int, ...]
+
+
+def torch_dtype(dtype: DType) -> torch.dtype:
+    return getattr(torch, torch_name(dtype))
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    ir_dtype: DType
+    dtype: torch.dtype
+    rank: int
+    checks: tuple[tuple[int, Callable | int, str], ...]  # (dim, expected: int or evaluator, IR text)
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    name: str                       # the IR value
+    ir_dtype: DType
+    dtype: torch.dtype
+    dims: tuple[Callable, ...]      # evaluators of the symbol values
+
+
+@dataclass(frozen=True)
+class SymbolSource:
+    name: str
+    input: int
+    dim: int
+    scale: int
+    offset: int
+    min: int
+    max: int | None
+
+
+class CallSignature:
+    """The inputs, symbols and outputs of a compiled model's call (see the module docstring)."""
+
+    def __init__(self, ir: GraphIR, device_type: str = "cuda") -> None:
+        self.model = ir.name
+        self.device_type = device_type
+        names = list(ir.symbols)
+        sources = {(info.input, info.dim) for info in ir.symbols.values()
+                   if info.scale == 1 and info.offset == 0}
+        inputs = []
+        for i, name in enumerate(ir.inputs):
+            value = ir.values[name]
+            checks = []
+            for d, text in enumerate(value.shape):
+                if (i, d) in sources:
+                    continue  # read, not checked: it defines its symbol
+                expr = parse(text)
+                checks.append((d, int(expr) if expr.is_Integer else evaluator(expr, names), text))
+            inputs.append(InputSpec(name, value.dtype, torch_dtype(value.dtype), len(value.shape),
+                                    tuple(checks)))
+        self.inputs: tuple[InputSpec, ...] = tuple(inputs)
+        self.shapes_text = {name: ir.values[name].shape for name in ir.inputs}
+        self.symbols: tuple[SymbolSource, ...] = tuple(
+            SymbolSource(sym, info.input, info.dim, info.scale, info.offset, info.min, info.max)
+            for sym, info in ir.symbols.items())
+        self.outputs: tuple[OutputSpec, ...] = tuple(
+            OutputSpec(name, ir.values[name].dtype, torch_dtype(ir.values[name].dtype),
+                       tuple(evaluator(parse(s), names) for s in ir.values[name].shape))
+            for name in ir.outputs)
+
+    def symbol_values(self, tensors: Sequence[torch.Tensor]) -> list[int]:
+        """The symbol values of a call (in the IR's symbol order), after checking every input."""
+        if len(tensors) != len(self.inputs):
+            raise InputError(f"{self.model} takes {len(self.inputs)} inputs "
+                             f"({', '.join(s.name for s in self.inputs)}), got {len(tensors)}")
+        device = None
+        for spec, t in zip(self.inputs, tensors):
+            if not isinstance(t, torch.Tensor):
+                raise InputError(f"input {spec.name!r} must be a torch.Tensor, got {type(t).__name__}")
+            if t.device.type != self.device_type:
+                raise InputError(f"input {spec.name!r} is on {t.device}; move it to a "
+                                 f"{self.device_type.upper()} device")
+            if device is None:
+                device = t.device
+            elif t.device != device:
+                raise InputError(f"input {spec.name!r} is on {t.device}, other inputs on {device}")
+            if t.dtype != spec.dtype:
+                raise InputError(f"input {spec.name!r} has dtype {t.dtype}; the model was compiled for "
+                                 f"{spec.dtype}")
+            if t.dim() != spec.rank:
+                raise InputError(f"input {spec.name!r} has rank {t.dim()}, expected {spec.rank} "
+                                 f"(shape {self.shapes_text[spec.name]})")
+            if not t.is_contiguous():
+                raise InputError(f"input {spec.name!r} is not contiguous; pass x.contiguous()")
+        values = []
+        for s in self.symbols:
+            size = tensors[s.input].shape[s.dim]
+            value, rest = divmod(size - s.offset, s.scale)
+            if rest or value < s.min or (s.max is not None and value > s.max):
+                raise InputError(
+                    f"input {self.inputs[s.input].name!r} dim {s.dim} = {size}: dynamic dim {s.name} "
+                    f"must be in [{s.min}, {'inf' if s.max is None else s.max}]"
+                    + (f" with size {s.scale}*{s.name}+{s.offset}" if s.scale != 1 or s.offset else ""))
+            values.append(value)
+        for spec, t in zip(self.inputs, tensors):  # static and shared dims
+            for d, expected, text in spec.checks:
+                want = expected if isinstance(expected, int) else expected(values)
+                if t.shape[d] != want:
+                    raise InputError(f"input {spec.name!r} dim {d} is {t.shape[d]}, expected {text} = {want}")
+        return values
+
+    def output_shapes(self, values: Sequence[int]) -> list[Shape]:
+        return [tuple(f(values) for f in o.dims) for o in self.outputs]
+
+    def check_out(self, out: Sequence[torch.Tensor], shapes: Sequence[Shape], device) -> None:
+        """``out=`` tensors: one per output, contiguous, of the output's dtype, shape and device."""
+        if len(out) != len(shapes):
+            raise InputError(f"out= holds {len(out)} tensors; {self.model} has {len(shapes)} outputs")
+        for i, (t, shape, o) in enumerate(zip(out, shapes, self.outputs)):
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != o.dtype \
+                    or t.device != device or not t.is_contiguous():
+                raise InputError(f"out[{i}] must be a contiguous {o.dtype} tensor of shape {shape} "
+                                 f"on {device}")
