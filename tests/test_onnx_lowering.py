@@ -741,3 +741,13 @@ def test_old_opset_is_refused():
     model = lower_to_onnx(ir, opset=21)
     onnx.checker.check_model(model, full_check=True)
     assert model.opset_import[0].version == 21
+
+
+def test_dense_layout_is_proven_not_sampled():
+    # a kernel is bound to a root only if its strides are dense row-major for EVERY size: a
+    # stride expression equal to the dense one at a few sizes (here n = 2, 4, 7) is not enough
+    n, m = (sympy.Symbol(s, integer=True, positive=True) for s in "nm")
+    assert Lowering._equal(n * (m + 1), n * m + n)
+    assert Lowering._equal(sympy.Mod(n, 1) + n, n)
+    assert not Lowering._equal(n + (n - 2) * (n - 4) * (n - 7), n)
+    assert not Lowering._equal(2 * sympy.floor(n / 2), n)

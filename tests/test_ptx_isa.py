@@ -211,3 +211,12 @@ def test_ptxas_found_via_cuda_home(ptx90, monkeypatch, tmp_path):
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
     assert find_ptxas() == str(bin_dir / "ptxas")
     assert parse_ptx_version(clamp_ptx_version(ptx90, (8, 0))) == (8, 0)
+
+
+@pytest.mark.parametrize("option, text", [("ptx_version", "8"), ("ptx_version", "8.x"),
+                                          ("cuda_version", "twelve")])
+def test_malformed_version_options_are_named(option, text):
+    from kernel_lens.passes.ptx_clamp import target_ptx_version
+
+    with pytest.raises(PtxIsaError, match=rf"^{option} '{text}' is not of the form MAJOR.MINOR$"):
+        target_ptx_version({option: text})

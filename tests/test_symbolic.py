@@ -47,3 +47,19 @@ def test_torch_functions_become_plain_sympy():
     assert to_plain_sympy(PythonMod(s, 7)) == sympy.Mod(symbol("s0"), 7)
     e = to_plain_sympy(ModularIndexing(s, 4, 8))
     assert evaluate(e, {"s0": 45}) == (45 // 4) % 8
+
+
+def test_exponents_are_integer_literals_of_either_sign():
+    from kernel_lens.errors import SymbolicError
+    from kernel_lens.ir import parse
+
+    assert parse("n**3", ["n"]) == parse("n*n*n", ["n"])
+    assert parse("2**-1") == sympy.Rational(1, 2)
+    assert parse("n**-2", ["n"]) == 1 / parse("n", ["n"]) ** 2
+    for text in ("n**n", "n**1.5", "n**-n"):
+        try:
+            parse(text, ["n"])
+        except SymbolicError as exc:
+            assert "exponent must be an integer literal" in str(exc), text
+        else:
+            raise AssertionError(f"{text} parsed")

@@ -89,11 +89,8 @@ def _translatable_names(opset: int) -> frozenset[str]:
 
 def _ir_name(target: Any) -> str | None:
     """The IR's name of a registry key: ``'aten::add.Tensor'`` -> ``'aten.add.Tensor'``,
-    ``'aten::abs'`` -> ``'aten.abs.default'``, an OpOverload likewise; None for the rest."""
-    import torch
-
-    if isinstance(target, torch._ops.OpOverload):
-        return str(target).removeprefix("torch.ops.")
+    ``'aten::abs'`` -> ``'aten.abs.default'``; None for the rest (Python builtins, higher-order
+    ops: the registry's other keys)."""
     if isinstance(target, str) and "::" in target:
         namespace, rest = target.split("::", 1)
         packet, _, overload = rest.partition(".")
