@@ -751,3 +751,19 @@ def test_dense_layout_is_proven_not_sampled():
     assert Lowering._equal(sympy.Mod(n, 1) + n, n)
     assert not Lowering._equal(n + (n - 2) * (n - 4) * (n - 7), n)
     assert not Lowering._equal(2 * sympy.floor(n / 2), n)
+
+
+def test_onnx_values_carry_the_ir_names():
+    # a reader of the ONNX graph finds each torch op's result under its IR name (dump-ir's),
+    # suffixed .vN only when a value is written again; helper nodes are scoped by op position
+    module = load_module(EXAMPLES / "llama_block.py")
+    ir = kl.compile(module.model, tuple(module.example_inputs), arch=90,
+                    dynamic_shapes=getattr(module, "dynamic_shapes", None)).ir
+    model = lower_to_onnx(ir)
+    produced = [o for n in model.graph.node for o in n.output]
+    ir_names = set(ir.values)
+    named = [o for o in produced if o in ir_names]
+    assert len(named) >= 20 and not [o for o in produced if ".v" in o]  # no value is rewritten
+    scoped = [o for o in produced if o not in ir_names and not o.startswith("output_")]
+    assert all(o.split("/")[0] in ("shape", "const") or o.split("/")[0].removeprefix("op").isdigit()
+               for o in scoped), scoped
