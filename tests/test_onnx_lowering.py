@@ -767,3 +767,45 @@ def test_onnx_values_carry_the_ir_names():
     scoped = [o for o in produced if o not in ir_names and not o.startswith("output_")]
     assert all(o.split("/")[0] in ("shape", "const") or o.split("/")[0].removeprefix("op").isdigit()
                for o in scoped), scoped
+
+
+def test_symbolic_expressions_the_lowering_cannot_compute_are_named():
+    _, ir = _compiled("swiglu")
+    lowering = Lowering(ir, 18)
+    s1 = parse("s1", list(ir.symbols))
+    for expr, message in [
+        (sympy.Abs(s1 - 5), r"symbolic expression Abs\(s1 - 5\) \(Abs\) cannot be computed at run time"),
+        (s1 ** -1, r"symbolic expression 1/s1 \(Pow\) cannot be computed"),
+        (s1 / 3, r"symbolic expression s1/3 is not an integer expression \(use floor\(s1/3\)\)"),
+    ]:
+        with pytest.raises(UnsupportedKernelError, match=message):
+            lowering.sym(expr)
+
+
+def test_weights_past_the_limit_are_saved_as_external_data(tmp_path, monkeypatch):
+    # past protobuf's 2 GB limit the weights go to NAME.onnx.data beside the model (the limit is
+    # lowered here so that a small model takes that path)
+    from kernel_lens.onnx import lower
+
+    module = load_module(EXAMPLES / "llama_block.py")
+    ir = kl.compile(module.model, tuple(module.example_inputs), arch=90,
+                    dynamic_shapes=getattr(module, "dynamic_shapes", None)).ir
+    model = lower_to_onnx(ir)
+    assert len(model.graph.initializer) >= 4
+    small = save_onnx(model, tmp_path / "small" / "m.onnx")
+    assert sorted(p.name for p in small.parent.iterdir()) == ["m.onnx"]
+    monkeypatch.setattr(lower, "EXTERNAL_DATA_BYTES", 0)
+    before = onnx.ModelProto()
+    before.CopyFrom(model)
+    path = save_onnx(model, tmp_path / "big" / "m.onnx")
+    for t in model.graph.initializer:  # the caller's model keeps its weights
+        assert t.data_location != TensorProto.EXTERNAL and not t.external_data
+    assert sorted(p.name for p in path.parent.iterdir()) == ["m.onnx", "m.onnx.data"]
+    assert path.stat().st_size < small.stat().st_size // 10  # the weights are not inside
+    again = onnx.load(str(path))
+    assert [n.op_type for n in again.graph.node] == [n.op_type for n in model.graph.node]
+    for a, b in zip(again.graph.initializer, before.graph.initializer, strict=True):
+        assert a.name == b.name
+        assert onnx.numpy_helper.to_array(a).tobytes() == onnx.numpy_helper.to_array(b).tobytes()
+    for a, b in zip(model.graph.initializer, before.graph.initializer, strict=True):
+        assert onnx.numpy_helper.to_array(a).tobytes() == onnx.numpy_helper.to_array(b).tobytes()

@@ -111,6 +111,11 @@ def _value_info(name: str, dtype: DType, shape: list[str]) -> onnx.ValueInfoProt
     return info
 
 
+# Past this many bytes of weights a model is saved with an external-data file (protobuf's
+# limit is 2 GB) and is not kept in the lowering cache.
+EXTERNAL_DATA_BYTES = 1_800_000_000
+
+
 class Lowering:
     """State of one lowering; also the context :mod:`kernel_lens.onnx.aten` translators use."""
 
@@ -766,13 +771,14 @@ def lower_to_onnx_cached(ir: GraphIR, *, opset: int = MIN_OPSET) -> onnx.ModelPr
         except Exception:  # noqa: BLE001 - a damaged entry is rebuilt
             pass
     model = lower_to_onnx(ir, opset=opset)
-    if model.ByteSize() < 1_800_000_000:
+    if model.ByteSize() < EXTERNAL_DATA_BYTES:
         entry_cache.write("onnx", key, model.SerializeToString(), ".onnx")
     return model
 
 
 def save_onnx(model: onnx.ModelProto, path: Union[str, Path]) -> Path:
-    """Write ``model`` to ``path``; weights go to an external-data file beside it past 2 GB."""
+    """Write ``model`` to ``path``; weights go to an external-data file beside it past 2 GB
+    (``model`` itself is left as it was, weights inside)."""
     import os
     import tempfile
 
@@ -780,7 +786,7 @@ def save_onnx(model: onnx.ModelProto, path: Union[str, Path]) -> Path:
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    big = sum(len(t.raw_data) for t in model.graph.initializer) > 1_800_000_000
+    big = sum(len(t.raw_data) for t in model.graph.initializer) > EXTERNAL_DATA_BYTES
     if not big:
         return atomic_write(path, model.SerializeToString())
     # Past protobuf's 2 GB limit: write both files in a private folder beside, then move them in.
@@ -789,4 +795,8 @@ def save_onnx(model: onnx.ModelProto, path: Union[str, Path]) -> Path:
                         all_tensors_to_one_file=True, location=path.name + ".data")
         os.replace(os.path.join(work, path.name + ".data"), path.parent / (path.name + ".data"))
         os.replace(os.path.join(work, path.name), path)
+    # onnx.save_model moved the weights out of the caller's model: give them back
+    from onnx.external_data_helper import load_external_data_for_model
+
+    load_external_data_for_model(model, str(path.parent))
     return path
