@@ -288,3 +288,18 @@ def test_launch_log_names_the_binary_that_ran(fake_driver, tmp_path):
     proc = subprocess.run([str(model.exe), "spec", str(spec)], capture_output=True, text=True,
                           env=env, timeout=60)
     assert "kernel_lens: launch" not in proc.stderr
+
+
+def test_a_dim_that_is_a_multiple_of_its_symbol_is_checked(fake_driver, tmp_path):
+    # swiglu's x is (tokens, 2*s1): s1 is read as width / 2, so an odd width matches no s1 and
+    # must be refused (not floored to the s1 below it), with nothing launched
+    model = Model("swiglu", tmp_path)
+    values = {"tokens": 10, "s1": 96}
+    io, *_ = model.expected(0, values, [0])
+    (shape,) = model.shapes(io, values)
+    assert shape == [10, 192]
+    ok = model.run(fake_driver, 0, [shape], [4], [0], [8], tmp_path)
+    assert not ok["status"] and ok["launches"] == "1", ok
+    out = model.run(fake_driver, 0, [[10, 193]], [4], [0], [8], tmp_path)
+    assert "not of the form the model was compiled for (ctx.dim(0, 1) % 2 == 0 fails)" in out["status"]
+    assert out["launches"] == "0" and out["loads"] == "0", out
