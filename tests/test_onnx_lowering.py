@@ -809,3 +809,26 @@ def test_weights_past_the_limit_are_saved_as_external_data(tmp_path, monkeypatch
         assert onnx.numpy_helper.to_array(a).tobytes() == onnx.numpy_helper.to_array(b).tobytes()
     for a, b in zip(model.graph.initializer, before.graph.initializer, strict=True):
         assert onnx.numpy_helper.to_array(a).tobytes() == onnx.numpy_helper.to_array(b).tobytes()
+
+
+class _Zeroed(_Kernels):
+    def forward(self, x):
+        acc = torch.empty_like(x)
+        acc.zero_()  # aten.zero_: ConstantOfShape
+        self.accumulate(acc, x)  # the kernel reads the zeros
+        zb = torch.empty_like(x, dtype=torch.bfloat16)
+        zb.zero_()  # bf16: ConstantOfShape lacks it before opset 20, so fp32 zeros, then Cast
+        zi = torch.empty(x.shape[0], 2, dtype=torch.int64)
+        zi.zero_()
+        return acc * 2, zb.float() + 1, zi + 3
+
+
+def test_zero_fills_in_every_dtype_in_ort():
+    dims = {"x": {0: torch.export.Dim("n", min=2, max=64)}}
+    ir, ref = _lift(_Zeroed, (torch.randn(8),), dims)
+    assert sum(op.op == "aten.zero_.default" for op in ir.ops) == 3
+    model = lower_to_onnx(ir)
+    fills = [n for n in model.graph.node if n.op_type == "ConstantOfShape"]
+    dtypes = {helper.get_attribute_value(a).data_type for n in fills for a in n.attribute}
+    assert dtypes == {TensorProto.FLOAT, TensorProto.INT64}, dtypes  # bf16 filled as fp32
+    _run_and_compare(ir, ref, [(8,), (13,)], lambda n: (torch.randn(n),), rtol=0, atol=0)
