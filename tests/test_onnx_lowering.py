@@ -832,3 +832,15 @@ def test_zero_fills_in_every_dtype_in_ort():
     dtypes = {helper.get_attribute_value(a).data_type for n in fills for a in n.attribute}
     assert dtypes == {TensorProto.FLOAT, TensorProto.INT64}, dtypes  # bf16 filled as fp32
     _run_and_compare(ir, ref, [(8,), (13,)], lambda n: (torch.randn(n),), rtol=0, atol=0)
+
+
+def test_launch_wiring_refuses_tensor_arguments_without_roles():
+    from kernel_lens.errors import IRError
+
+    module = load_module(MODEL_PATHS["vector_add"])
+    ir = kl.lift(module.model, tuple(module.example_inputs), arch=90,
+                 dynamic_shapes=module.dynamic_shapes)  # no passes: no roles yet
+    launch = ir.launches[0]
+    with pytest.raises(IRError, match=rf"launch {launch.order} \(add_kernel\): tensor arguments \['x_ptr', "
+                                      r"'y_ptr', 'out_ptr'\] have no role; run the role-inference"):
+        launch_io(ir, launch, "__0")

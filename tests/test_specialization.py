@@ -56,3 +56,11 @@ def test_divisibility_proven_from_derived_dims():
     assert not generic.specialized and generic.assumptions["n"].divisible16
     assert generic.assumptions["n"].int32  # 64 * 16 * 1024 < 2**31
     assert "x_ptr" not in generic.assumptions
+
+
+def test_int32_range_ends_are_inclusive():
+    # an integer argument keeps Triton's int32 assumption only if its bounds fit [-2**31, 2**31)
+    from kernel_lens.passes.specialization import INT32, _within
+
+    assert _within((-2**31, 2**31 - 1), INT32)
+    assert not _within((-2**31 - 1, 0), INT32) and not _within((0, 2**31), INT32)
