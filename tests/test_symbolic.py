@@ -63,3 +63,10 @@ def test_exponents_are_integer_literals_of_either_sign():
             assert "exponent must be an integer literal" in str(exc), text
         else:
             raise AssertionError(f"{text} parsed")
+
+
+def test_a_symbol_without_a_declared_range_is_a_size():
+    # bounds() of a symbol the ranges do not name: a size, [0, oo)
+    n = symbol("n")
+    assert bounds(n + 1, {}) == (1, sympy.oo)
+    assert bounds(n + 1, {"n": (2, 5)}) == (3, 6)
