@@ -68,6 +68,19 @@ def test_pipeline_runs_records_facts_timings_and_does_not_mutate_input(toy_ir):
     assert all(t.seconds >= 0 for t in pm.timings) and sum(t.seconds for t in pm.timings) <= wall
 
 
+def test_pass_log_states_each_pass_time_in_milliseconds(toy_ir, caplog):
+    import re
+
+    pm = default_pipeline()
+    with caplog.at_level("INFO", logger="kernel_lens.passes.base"):
+        pm.run(toy_ir, pass_context())
+    logged = {m.group(1): float(m.group(2)) for m in
+              re.finditer(r"pass (\S+)\s+([0-9.]+) ms", caplog.text)}
+    assert list(logged) == [t.name for t in pm.timings]
+    for t in pm.timings:
+        assert abs(logged[t.name] - t.seconds * 1e3) <= 0.051, (t, logged)
+
+
 def test_custom_pass_inserted_from_python_with_dump_and_stop(toy_ir, tmp_path):
     seen = []
 

@@ -70,3 +70,15 @@ def test_a_symbol_without_a_declared_range_is_a_size():
     n = symbol("n")
     assert bounds(n + 1, {}) == (1, sympy.oo)
     assert bounds(n + 1, {"n": (2, 5)}) == (3, 6)
+
+
+def test_non_integer_constants_are_refused_by_name():
+    from kernel_lens.errors import SymbolicError
+
+    for constant in (sympy.Float(1.5), sympy.Rational(1, 3), sympy.pi):
+        try:
+            to_plain_sympy(constant * symbol("n") if constant != sympy.pi else constant)
+        except SymbolicError as exc:
+            assert f"non-integer constant {constant} in a shape expression" in str(exc)
+        else:
+            raise AssertionError(f"{constant} accepted")
