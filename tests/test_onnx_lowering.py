@@ -756,9 +756,7 @@ def test_dense_layout_is_proven_not_sampled():
 def test_onnx_values_carry_the_ir_names():
     # a reader of the ONNX graph finds each torch op's result under its IR name (dump-ir's),
     # suffixed .vN only when a value is written again; helper nodes are scoped by op position
-    module = load_module(EXAMPLES / "llama_block.py")
-    ir = kl.compile(module.model, tuple(module.example_inputs), arch=90,
-                    dynamic_shapes=getattr(module, "dynamic_shapes", None)).ir
+    _, ir = _compiled("llama_block")
     model = lower_to_onnx(ir)
     produced = [o for n in model.graph.node for o in n.output]
     ir_names = set(ir.values)
@@ -787,9 +785,7 @@ def test_weights_past_the_limit_are_saved_as_external_data(tmp_path, monkeypatch
     # lowered here so that a small model takes that path)
     from kernel_lens.onnx import lower
 
-    module = load_module(EXAMPLES / "llama_block.py")
-    ir = kl.compile(module.model, tuple(module.example_inputs), arch=90,
-                    dynamic_shapes=getattr(module, "dynamic_shapes", None)).ir
+    _, ir = _compiled("llama_block")
     model = lower_to_onnx(ir)
     assert len(model.graph.initializer) >= 4
     small = save_onnx(model, tmp_path / "small" / "m.onnx")

@@ -162,6 +162,14 @@ void* const kCtxB = &ctx_b_storage;
 void out(const char* key, const std::string& value) { std::printf("%s=%s\n", key, value.c_str()); }
 void out(const char* key, long long value) { std::printf("%s=%lld\n", key, value); }
 
+// The runtime's driver, or null after printing why as the status.
+const kl::Driver* driver_or_status() {
+  kl::Status err;
+  const kl::Driver* d = kl::driver(&err);
+  if (d == nullptr) out("status", err);
+  return d;
+}
+
 std::string hex(const unsigned char* p, int n) {
   std::string s;
   char buf[3];
@@ -194,18 +202,12 @@ kl::Status launch_plain(const kl::Driver& d, HostContext& ctx, const kl::Binary&
 
 int run(const std::string& scenario) {
   if (scenario == "driver_only") {  // only loads the driver: the test sets the environment
-    kl::Status err;
-    const kl::Driver* d = kl::driver(&err);
-    out("status", d == nullptr ? err : std::string("ok"));
+    if (driver_or_status() != nullptr) out("status", std::string("ok"));
     return 0;
   }
   Fake f = load_fake();
-  kl::Status err;
-  const kl::Driver* dp = kl::driver(&err);
-  if (dp == nullptr) {
-    out("status", err);
-    return 0;
-  }
+  const kl::Driver* dp = driver_or_status();
+  if (dp == nullptr) return 0;
   const kl::Driver& d = *dp;
   std::vector<char> x(256, 7);
   HostContext ctx;
@@ -421,12 +423,8 @@ std::string image_id(const unsigned char* image) {
 
 int run_spec(const char* path) {
   Fake f = load_fake();
-  kl::Status err;
-  const kl::Driver* dp = kl::driver(&err);
-  if (dp == nullptr) {
-    out("status", err);
-    return 0;
-  }
+  const kl::Driver* dp = driver_or_status();
+  if (dp == nullptr) return 0;
   FILE* file = std::fopen(path, "r");
   if (file == nullptr) {
     std::fprintf(stderr, "harness: cannot open %s\n", path);
