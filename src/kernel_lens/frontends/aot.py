@@ -117,9 +117,8 @@ def _triton_install() -> list:
 def _locations(kernel: KernelIR, src: ASTSource) -> list:
     """Where the kernel and its helpers are defined: the binary's line info names them, and
     Triton's source hash does not cover them (the same text elsewhere is another binary)."""
-    fn = src.fn
-    live = [getattr(getattr(fn, "fn", fn), "__code__", None), getattr(fn, "starting_line_number", None)]
-    return [str(getattr(live[0], "co_filename", None)), live[1],
+    live = src.fn  # the JITFunction compiled: the IR's source, or its import when re-resolved
+    return [live.fn.__code__.co_filename, live.starting_line_number,
             *[(s.file, s.line) for s in (kernel.source, *kernel.helpers)]]
 
 
