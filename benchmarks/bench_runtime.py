@@ -1,6 +1,6 @@
 """The runtime's own speed on the GPU host, every row side by side in one run (CUDA events).
 
-    python benchmarks/bench_runtime.py OUT.json [--profile]
+    python benchmarks/bench_runtime.py OUT.json [--profile] [--kernels]
 
 Rows: the fp16 LLaMA-style block (hidden 4096, 32 heads, FFN 11008) at 2048 and 8 tokens, and
 one RMSNorm kernel on 2048x4096 fp32. Columns: eager PyTorch + Triton, a CUDA graph of eager
@@ -150,6 +150,26 @@ def profile_run(compiled, x, calls=3000):
     print(text.getvalue())
 
 
+def kernel_table(label, fn, calls=20, top=12):
+    """The CUDA kernels one call launches, by total GPU time (torch.profiler, CUPTI: ORT's kernels
+    are seen too), to say where a gap to eager comes from."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    rows = sorted((e for e in prof.key_averages() if e.device_time_total > 0),
+                  key=lambda e: -e.device_time_total)
+    print(f"--- {label}: CUDA kernels per call (us), top {top}")
+    for e in rows[:top]:
+        print(f"{e.device_time_total / calls:9.1f}  x{e.count // calls:<3} {e.key[:110]}")
+    print(f"{sum(e.device_time_total for e in rows) / calls:9.1f}  total", flush=True)
+
+
 def main(path):
     torch.backends.cuda.matmul.allow_tf32 = False
     rows = []
@@ -179,6 +199,9 @@ def main(path):
         for tokens in (8, 2048):
             x = torch.randn(1, tokens, 4096, device="cuda", generator=g).half()
             rows.append(row(f"block fp16 {tokens} tokens", block, x, compiled, host=tokens == 8))
+            if "--kernels" in sys.argv:
+                kernel_table(f"eager, {tokens} tokens", lambda: block(x))
+                kernel_table(f"run(), {tokens} tokens", lambda: compiled.run(x))
             Path(path).write_text(json.dumps({"env": env, "rows": rows}, indent=1))
     print(json.dumps({"env": env, "rows": rows}, indent=1))
 

@@ -271,11 +271,17 @@ def _llama_kernels(eps: float) -> dict:
     return {"rmsnorm_kernel": rmsnorm, "rope_kernel": rope, "swiglu_kernel": swiglu}
 
 
+@pytest.mark.parametrize("opset", [18, 23])
 @pytest.mark.parametrize("seq", [5, 37])
-def test_llama_end_to_end_in_ort(seq):
+def test_llama_end_to_end_in_ort(seq, opset):
+    # opset 23 (the ORT target's): attention is one ONNX Attention node, causal like torch's
     module, ir = _compiled("llama_block")
     assert ir.symbols["seq"].example != seq
-    model = _with_reference_kernels(ir, lower_to_onnx(ir), _llama_kernels(module.model.eps))
+    lowered = lower_to_onnx(ir, opset=opset)
+    attention = [n for n in lowered.graph.node if n.op_type == "Attention"]
+    assert len(attention) == (opset >= 23)
+    assert all({a.name: a.i for a in n.attribute}["is_causal"] == 1 for n in attention)
+    model = _with_reference_kernels(ir, lowered, _llama_kernels(module.model.eps))
     x = torch.randn(1, seq, 64, generator=torch.Generator().manual_seed(seq))
     (got,) = _session(model).run(None, {"x": x.numpy()})
     want = module.reference(x).numpy()

@@ -16,6 +16,10 @@ from ..common.emit import common_headers, render_launches, templates
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
+# The ONNX opset of the ORT target's graph: 23, where torch's exporter lowers
+# scaled_dot_product_attention to ONNX Attention, which ORT's CUDA EP runs as one fused kernel
+# (flash / memory-efficient attention) instead of materializing the score matrix.
+OPSET = 23
 
 
 def op_types(ir: GraphIR) -> list[str]:
@@ -42,7 +46,7 @@ class OrtTarget(Target):
         include = find_ort_include()
         api = ort_api_version(include)
         model_path = inside(out_dir, f"{ir.name}.onnx")
-        save_onnx(lower_to_onnx_cached(ir), model_path)
+        save_onnx(lower_to_onnx_cached(ir, opset=OPSET), model_path)
         library = build_shared_library(f"kl_{ir.name}_ort", ort_sources(ir, api),
                                        include_dirs=[include], key_extra=f"ort-api-{api}")
         lib_path = atomic_copy(library, inside(out_dir, f"libkl_{ir.name}_ort.so"))
