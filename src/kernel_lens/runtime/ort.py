@@ -9,19 +9,11 @@ rank and dim checks, output-shape evaluators as exact integer closures: the mode
 :class:`~kernel_lens.runtime.signature.CallSignature`) is computed once, and
 a binding is only re-made for a tensor whose pointer or shape changed since the last call.
 
-With ``cuda_graph=True``, per distinct input shape the runtime owns static input and output
-buffers bound once, runs ORT on them twice (warm-up: modules loaded, ORT's arena sized), then
-captures one ORT run into a ``torch.cuda.CUDAGraph`` on a stream of its own and replays that
-graph on later calls: a replay costs a graph launch, not ORT's ``Run`` (whose host time, even
-in ORT's own CUDA-graph mode, exceeds the GPU time of small models). The graph's intermediate
-buffers are chunks of the session's ORT arena, which never shrinks and serves only this
-session's runs, all ordered on one stream (a session per caller stream); the graphs are
-released with the session. Inputs
-are copied into the static buffers and outputs out of them on torch's stream, unless the
-caller passes the static buffers themselves (:meth:`OrtModel.cuda_graph_buffers`), which makes
-a call copy nothing. A model that synchronizes with the host (e.g. nodes ORT places on the
-CPU, refused at session creation as ORT's own CUDA-graph mode refuses them) cannot be
-captured: that is reported, never run another way.
+With ``cuda_graph=True`` the session uses ORT's CUDA-graph mode: per distinct input shape the
+runtime owns static input and output buffers bound once, and ORT captures one graph for them
+(run option ``gpu_graph_id``) and replays it on later calls. Inputs are copied into the static
+buffers and outputs out of them on torch's stream, unless the caller passes the static buffers
+themselves (:meth:`OrtModel.cuda_graph_buffers`), which makes a call copy nothing.
 """
 
 from __future__ import annotations
@@ -55,13 +47,13 @@ class _Output:
 
 @dataclass
 class _Graph:
-    """One captured ORT run: its static buffers, binding and CUDA graph."""
+    """One captured ORT CUDA graph: its static buffers, binding and run options."""
 
     inputs: list[torch.Tensor]
     outputs: list[torch.Tensor]
     mutated: list[torch.Tensor]
     binding: object
-    graph: torch.cuda.CUDAGraph
+    run_options: object
 
 
 @dataclass
@@ -98,18 +90,16 @@ class OrtModel:
                          if o.startswith("mutated_")]
         self._sessions: dict[tuple[int, int], _Session] = {}
         self._side_streams: dict[int, torch.cuda.Stream] = {}
-        self._capture_streams: dict[tuple[int, int], torch.cuda.Stream] = {}  # CUDA-graph mode
         self._lock = threading.Lock()  # one IOBinding per session: bind + run must not interleave
-        self._run_options = self._make_run_options()
+        self._run_options = self._make_run_options(-1)  # plain runs: never capture
 
-    def _make_run_options(self):
+    def _make_run_options(self, graph_id: int):
         options = self._ort.RunOptions()
         # Work stays queued on torch's stream: no device synchronization at the end of Run.
         options.add_run_config_entry("disable_synchronize_execution_providers", "1")
-        # An explicit graph id (-1: ORT never captures; kernel_lens's CUDA-graph mode captures
-        # ORT's run itself): without one, ORT's Python wrapper looks the key up and catches a
-        # C++ exception on every call, ~30 us of host time.
-        options.add_run_config_entry("gpu_graph_id", "-1")
+        # Always an explicit graph id (-1: never capture): without one, ORT's Python wrapper
+        # looks the key up and catches a C++ exception on every call, ~30 us of host time.
+        options.add_run_config_entry("gpu_graph_id", str(graph_id))
         return options
 
     def _graph_outputs(self) -> list[str]:
@@ -140,15 +130,14 @@ class OrtModel:
             options = {"device_id": str(index),
                        "use_tf32": str(int(torch.backends.cuda.matmul.allow_tf32)),
                        "has_user_compute_stream": "1", "user_compute_stream": str(stream)}
-            if self.cuda_graph:  # every node on the CUDA EP, as ORT's own CUDA-graph mode demands:
-                # a CPU node would copy between host and device inside the captured run
-                so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+            if self.cuda_graph:
+                options["enable_cuda_graph"] = "1"
             try:
                 session = self._ort.InferenceSession(
                     self.onnx_path, so, providers=[("CUDAExecutionProvider", options)])
             except Exception as exc:  # ORT raises its own exception types
-                hint = (" (CUDA-graph mode needs every node on the CUDA EP; run without "
-                        "cuda_graph=True)" if self.cuda_graph else "")
+                hint = (" (CUDA-graph mode needs every node on the CUDA EP and no host "
+                        "synchronization; run without cuda_graph=True)" if self.cuda_graph else "")
                 raise KernelLensError(f"ONNX Runtime cannot open {self.onnx_path}: {exc}{hint}") from None
             state = self._sessions[key] = _Session(session, session.io_binding())
         return state
@@ -210,40 +199,22 @@ class OrtModel:
             tensors[i].copy_(new)                         # the compiled model
 
     # --- CUDA graphs ---------------------------------------------------------------------------
-    def _graph(self, tensors, shapes, device) -> _Graph:
-        index = device.index
-        # one capture stream (so one session, arena and set of graphs) per caller stream: the
-        # graphs of one session share arena chunks, so their replays must be ordered
-        caller = torch._C._cuda_getCurrentRawStream(index)
-        stream = self._capture_streams.get((index, caller))
-        if stream is None:
-            stream = self._capture_streams[(index, caller)] = torch.cuda.Stream(index)
-        state = self.session(index, stream.cuda_stream)
+    def _graph(self, tensors, shapes, device) -> tuple[_Graph, _Session, torch.cuda.Stream | None]:
+        stream, side = self._stream(device.index)
+        state = self.session(device.index, stream)
         key = tuple(tuple(t.shape) for t in tensors)
         graph = state.graphs.get(key)
         if graph is None:
-            inputs = [t.detach().clone(memory_format=torch.contiguous_format) for t in tensors]
+            inputs = [torch.empty(tuple(t.shape), dtype=s.dtype, device=device)
+                      for t, s in zip(tensors, self._inputs)]
             outputs = [torch.empty(shape, dtype=o.dtype, device=device)
                        for shape, o in zip(shapes, self._outputs)]
             mutated = [torch.empty_like(inputs[i]) for _, i in self._mutated]
             binding = state.session.io_binding()
-            self._bind_all(binding, {}, index, inputs, outputs, mutated)
-            cuda_graph = torch.cuda.CUDAGraph()
-            stream.wait_stream(torch.cuda.current_stream(index))
-            try:
-                with torch.cuda.stream(stream):
-                    for _ in range(2):  # warm-up: modules loaded, the arena sized for this shape
-                        state.session.run_with_iobinding(binding, self._run_options)
-                with torch.cuda.graph(cuda_graph, stream=stream):
-                    state.session.run_with_iobinding(binding, self._run_options)
-            except Exception as exc:  # ORT's and CUDA's own exception types
-                raise KernelLensError(
-                    f"{self.ir.name}: its ONNX Runtime run cannot be captured as a CUDA graph "
-                    f"({exc}); models that synchronize with the host or place nodes on the CPU "
-                    f"cannot be (run without cuda_graph=True)") from None
-            torch.cuda.current_stream(index).wait_stream(stream)
-            graph = state.graphs[key] = _Graph(inputs, outputs, mutated, binding, cuda_graph)
-        return graph
+            self._bind_all(binding, {}, device.index, inputs, outputs, mutated)
+            graph = state.graphs[key] = _Graph(inputs, outputs, mutated, binding,
+                                               self._make_run_options(len(state.graphs) + 1))
+        return graph, state, side
 
     def cuda_graph_buffers(self, *tensors: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The static input and output buffers of the CUDA graph for these inputs' shapes.
@@ -254,15 +225,20 @@ class OrtModel:
             raise KernelLensError("cuda_graph_buffers needs a model run with cuda_graph=True")
         values = self.symbol_values(tensors)
         with self._lock:
-            graph = self._graph(tensors, self.output_shapes(values), tensors[0].device)
+            graph, _, _ = self._graph(tensors, self.output_shapes(values), tensors[0].device)
         return list(graph.inputs), list(graph.outputs)
 
     def _run_graph(self, tensors, shapes, out, device) -> list[torch.Tensor]:
-        graph = self._graph(tensors, shapes, device)
+        graph, state, side = self._graph(tensors, shapes, device)
         for static, t in zip(graph.inputs, tensors):
             if static.data_ptr() != t.data_ptr():
                 static.copy_(t)
-        graph.graph.replay()  # on torch's current stream, after the copies
+        try:
+            self._run_ordered(side, device.index, state.session, graph.binding, graph.run_options)
+        except Exception as exc:  # ORT's own exception types
+            raise KernelLensError(f"ONNX Runtime failed in CUDA-graph mode: {exc}; models that "
+                                  f"synchronize with the host or place nodes on the CPU cannot be "
+                                  f"captured (run without cuda_graph=True)") from None
         for (_, i), static in zip(self._mutated, graph.mutated):
             tensors[i].copy_(static)
         if out is None:
