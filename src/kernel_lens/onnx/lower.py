@@ -66,7 +66,7 @@ from ..ir.kernel import ParamKind
 from ..ir.launch_io import launch_io, root_of
 from ..ir.symbolic import parse
 from ..ir.types import DType
-from . import aten, torchlib
+from . import aten, rewrites, torchlib
 
 DOMAIN = "kernel_lens"
 DOMAIN_VERSION = 1
@@ -741,8 +741,10 @@ def optimize(model: onnx.ModelProto) -> onnx.ModelProto:
 
     version = model.ir_version
     graph = onnx_ir.serde.deserialize_model(model)
-    for _ in range(2):  # constant folding and dead-node removal only: no rewrites that rename
+    for _ in range(2):  # constant folding and dead-node removal: nothing here renames
         onnxscript.optimizer.fold_constants(graph)
+        onnxscript.optimizer.remove_unused_nodes(graph)
+    if rewrites.apply(graph):  # attention on the layout the model keeps (see rewrites.py)
         onnxscript.optimizer.remove_unused_nodes(graph)
     out = onnx_ir.serde.serialize_model(graph)
     out.ir_version = version
@@ -759,7 +761,7 @@ def lower_to_onnx_cached(ir: GraphIR, *, opset: int = MIN_OPSET) -> onnx.ModelPr
 
     from ..toolchain import entry_cache
 
-    code = [Path(__file__).parent / f for f in ("lower.py", "aten.py", "torchlib.py")]
+    code = [Path(__file__).parent / f for f in ("lower.py", "aten.py", "torchlib.py", "rewrites.py")]
     code += [Path(__file__).parents[1] / "aten_facts.py", Path(__file__).parents[1] / "ir" / "launch_io.py"]
     key = entry_cache.key_of("onnx/1", _version(), torch.__version__, version("onnxscript"),
                              onnx.__version__, opset, *(p.read_bytes() for p in code),
