@@ -15,6 +15,7 @@ Everything runs on one non-default torch stream, which is also ORT's compute str
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import time
 import traceback
@@ -97,7 +98,10 @@ def by_hand(compiled, x, cuda_graph, graph_id=None):
     return lambda: sess.run_with_iobinding(binding, ro)
 
 
-def row(label, model, x, compiled, host=False):
+def row(label, model, x, compiled, host=False, rounds=7):
+    """Every column of one row, measured interleaved: ``rounds`` rounds, each timing every column
+    once (5x100 calls, median), and each column's median over the rounds, so that drift in the
+    GPU's clocks during the row affects every column alike."""
     out = {"case": label}
     cases = {
         "eager": lambda: (lambda: model(x)),
@@ -110,16 +114,24 @@ def row(label, model, x, compiled, host=False):
         "ort_by_hand_graph_id_-1": lambda: by_hand(compiled, x, False, "-1"),
         "ort_by_hand_cuda_graph": lambda: by_hand(compiled, x, True),
     }
+    fns = {}
     for name, make in cases.items():
         try:
-            fn = make()
-            out[name + "_ms"] = round(timed(fn, warmup=20, iters=100), 4)
-            if host and name in ("run", "ort_by_hand", "ort_by_hand_graph_id_-1", "eager",
-                                 "run_cuda_graph", "run_cuda_graph_static"):
-                out[name + "_host_us"] = round(host_us(fn), 1)
+            fns[name] = make()
+            fns[name]()
         except Exception as exc:  # record and go on: one failing column must not lose the run
+            fns.pop(name, None)
             out[name + "_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
             traceback.print_exc()
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(timed(fn, warmup=10, iters=100))
+    for name, fn in fns.items():
+        out[name + "_ms"] = round(statistics.median(times[name]), 4)
+        if host and name in ("run", "ort_by_hand", "ort_by_hand_graph_id_-1", "eager",
+                             "run_cuda_graph", "run_cuda_graph_static"):
+            out[name + "_host_us"] = round(host_us(fn), 1)
         print(label, name, {k: v for k, v in out.items() if k.startswith(name)}, flush=True)
     return out
 
