@@ -141,6 +141,60 @@ def test_canonical_is_cached_but_errors_name_each_place():
             canonical("t + 1", ["s"], where)
 
 
+def _canonicalized(ir):
+    from kernel_lens.passes.grid_canonicalization import GridCanonicalization
+
+    out = RoleInference().run(ir.model_copy(deep=True), PassContext()).ir
+    return GridCanonicalization().run(out, PassContext())
+
+
+def test_canonicalization_is_reused_across_processes_without_sympy(toy_ir, monkeypatch):
+    # a recompile asks the same questions: answered from the cache entry, sympy.simplify unused
+    import sympy
+
+    from kernel_lens.passes import grid_canonicalization as gc
+
+    gc._canonical.cache_clear()
+    first = _canonicalized(toy_ir)
+    gc._canonical.cache_clear()  # as in a new process
+    monkeypatch.setattr(sympy, "simplify", lambda *a, **k: pytest.fail("simplified again"))
+    again = _canonicalized(toy_ir)
+    assert again.ir.model_dump_json() == first.ir.model_dump_json()
+    assert again.modified == first.modified
+
+
+def test_unusable_canonicalization_entry_is_recomputed(toy_ir):
+    import json
+
+    from kernel_lens.passes import grid_canonicalization as gc
+    from kernel_lens.toolchain import entry_cache
+
+    first = _canonicalized(toy_ir).ir.model_dump_json()
+    ir = RoleInference().run(toy_ir.model_copy(deep=True), PassContext()).ir
+    names = ir.symbol_names()
+    texts = [t for _, o, n in gc._fields(ir) for t in gc._texts(getattr(o, n))]
+    for bad in ([], ["1"], list(range(len(texts))), "text", None):  # never applied
+        entry_cache.write("canonical", gc._key(names, texts), json.dumps(bad).encode(), ".json")
+        assert gc._cached_results(names, texts) is None
+        gc._canonical.cache_clear()
+        assert _canonicalized(toy_ir).ir.model_dump_json() == first
+
+
+def test_failing_expressions_are_never_cached(toy_ir):
+    from kernel_lens.errors import SymbolicError
+    from kernel_lens.passes import grid_canonicalization as gc
+
+    ir = RoleInference().run(toy_ir.model_copy(deep=True), PassContext()).ir
+    launch = ir.launches[0]
+    launch.grid = ("undeclared_dim + 1", "1", "1")
+    names = ir.symbol_names()
+    texts = [t for _, o, n in gc._fields(ir) for t in gc._texts(getattr(o, n))]
+    for _ in range(2):
+        with pytest.raises(SymbolicError, match=r"grid: undeclared_dim \+ 1 uses \['undeclared_dim'\]"):
+            gc.GridCanonicalization().run(ir, PassContext())
+        assert gc._cached_results(names, texts) is None
+
+
 def test_order_without_networkx_matches_the_dependency_graph():
     class Make(Pass):
         def run(self, ir, ctx):

@@ -4,11 +4,19 @@ Each grid, integer scalar, shape, stride and offset is parsed, simplified under 
 integer/non-negative assumptions, checked to use only declared graph-input dims, checked to
 print as exact int64 C++ (through the one printer, ``ir.cxx_printer``), and checked against
 the values seen at capture.
+
+A recompile of the same model asks the same questions: the pass's results are kept in one
+content-addressed cache entry per list of expressions (keyed also by sympy's version and this
+code), so a recompile neither simplifies again nor imports the parts of sympy that
+``simplify`` pulls in. Expressions that fail are never cached: they fail again, with the message.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+from pathlib import Path
+from typing import Any, Iterator
 
 import sympy
 
@@ -54,22 +62,21 @@ class GridCanonicalization(Pass):
 
     def run(self, ir: GraphIR, ctx: PassContext) -> PassResult:
         names = ir.symbol_names()
-        before = ir.model_dump_json()
-        for value in ir.values.values():
-            value.shape = [canonical(s, names, f"tensor {value.name} shape") for s in value.shape]
-            value.strides = [canonical(s, names, f"tensor {value.name} strides") for s in value.strides]
-        for launch in ir.launches:
-            where = f"launch {launch.order} ({launch.kernel})"
-            launch.grid = tuple(canonical(g, names, f"{where} grid") for g in launch.grid)
-            for arg in launch.args:
-                w = f"{where} argument {arg.name}"
-                if arg.expr is not None:
-                    arg.expr = canonical(arg.expr, names, w)
-                if arg.shape is not None:
-                    arg.shape = [canonical(s, names, w) for s in arg.shape]
-                    arg.strides = [canonical(s, names, w) for s in arg.strides]
-                    arg.storage_offset = canonical(arg.storage_offset, names, w)
-        return PassResult(ir, ir.model_dump_json() != before)
+        fields = list(_fields(ir))
+        slots = [(where, text) for where, owner, name in fields
+                 for text in _texts(getattr(owner, name))]
+        texts = [text for _, text in slots]
+        results = _cached_results(names, texts)
+        if results is None:
+            results = [canonical(text, names, where) for where, text in slots]
+            _store_results(names, texts, results)
+        rest = iter(results)
+        for _, owner, name in fields:  # whole fields assigned: validated like any IR edit
+            old = getattr(owner, name)
+            new = next(rest) if isinstance(old, str) else type(old)(next(rest) for _ in old)
+            if new != old:
+                setattr(owner, name, new)
+        return PassResult(ir, results != texts)
 
     def ensures(self, ir: GraphIR) -> None:
         from ..errors import PostconditionError
@@ -82,3 +89,65 @@ class GridCanonicalization(Pass):
                     f"launch {launch.order} ({launch.kernel}): symbolic grid {launch.grid} gives "
                     f"{grid} at the captured sizes, but the kernel was launched with "
                     f"{tuple(launch.captured_grid)}")
+
+
+def _fields(ir: GraphIR) -> Iterator[tuple[str, Any, str]]:
+    """Every IR field that holds symbolic expressions, in a fixed order: (where, for messages;
+    the object; the field's name). A field is one expression or a list/tuple of them."""
+    for value in ir.values.values():
+        yield f"tensor {value.name} shape", value, "shape"
+        yield f"tensor {value.name} strides", value, "strides"
+    for launch in ir.launches:
+        where = f"launch {launch.order} ({launch.kernel})"
+        yield f"{where} grid", launch, "grid"
+        for arg in launch.args:
+            w = f"{where} argument {arg.name}"
+            if arg.expr is not None:
+                yield w, arg, "expr"
+            if arg.shape is not None:
+                yield w, arg, "shape"
+                yield w, arg, "strides"
+                yield w, arg, "storage_offset"
+
+
+def _texts(field: Any) -> list[str]:
+    return [field] if isinstance(field, str) else list(field)
+
+
+@functools.lru_cache(maxsize=1)
+def _code_key() -> str:
+    """What the results depend on besides the expressions: sympy and the code that computes them."""
+    from ..toolchain import entry_cache
+
+    here = Path(__file__)
+    ir_dir = here.parents[1] / "ir"
+    files = [here, ir_dir / "symbolic.py", ir_dir / "cxx_printer.py"]
+    return entry_cache.key_of("canonical/1", sympy.__version__, *(f.read_bytes() for f in files))
+
+
+def _key(names: list[str], texts: list[str]) -> str:
+    from ..toolchain import entry_cache
+
+    return entry_cache.key_of(_code_key(), list(names), texts)
+
+
+def _cached_results(names: list[str], texts: list[str]) -> list[str] | None:
+    from ..toolchain import entry_cache
+
+    body = entry_cache.read("canonical", _key(names, texts), ".json")
+    if body is None:
+        return None
+    try:
+        results = json.loads(body)
+    except ValueError:
+        return None
+    if not (isinstance(results, list) and len(results) == len(texts)
+            and all(isinstance(r, str) for r in results)):
+        return None
+    return results
+
+
+def _store_results(names: list[str], texts: list[str], results: list[str]) -> None:
+    from ..toolchain import entry_cache
+
+    entry_cache.write("canonical", _key(names, texts), json.dumps(results).encode(), ".json")
