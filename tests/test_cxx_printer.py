@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import kernel_lens
 from kernel_lens.errors import SymbolicError
-from kernel_lens.ir.cxx_printer import Int64CxxPrinter, to_cxx
+from kernel_lens.codegen.cxx import Int64CxxPrinter, to_cxx
 
 try:
     import torch.utils._sympy.functions as tf
@@ -476,7 +476,7 @@ def test_works_without_torch():
         "import sys\n"
         "sys.modules['torch'] = None  # makes any torch import fail\n"
         "import sympy\n"
-        "from kernel_lens.ir.cxx_printer import to_cxx\n"
+        "from kernel_lens.codegen.cxx import to_cxx\n"
         "s0 = sympy.Symbol('s0', integer=True)\n"
         "print(to_cxx(sympy.floor((s0 + 255) / 256) + sympy.Mod(s0, 7)))\n"
     )

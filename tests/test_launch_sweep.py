@@ -29,7 +29,7 @@ import sympy
 
 import kernel_lens as kl
 from kernel_lens.ir import ParamKind
-from kernel_lens.ir.launch_io import launch_io
+from kernel_lens.codegen.launch_io import launch_io
 from kernel_lens.ir.symbolic import evaluate, parse
 from kernel_lens.targets.common.emit import render_launches
 

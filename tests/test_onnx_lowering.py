@@ -23,7 +23,7 @@ from onnx import TensorProto, helper
 import kernel_lens as kl
 from kernel_lens.errors import UnsupportedKernelError
 from kernel_lens.ir import GraphIR, parse
-from kernel_lens.ir.launch_io import launch_io, root_of
+from kernel_lens.codegen.launch_io import launch_io, root_of
 from kernel_lens.aten_facts import allocates_uninitialized, is_inplace
 from kernel_lens.onnx import DOMAIN, lower_to_onnx, onnx_dtype, save_onnx, supported
 from kernel_lens.onnx.lower import Lowering

@@ -114,6 +114,43 @@ def test_cli_compile_with_target_prints_paths(tmp_path):
     assert bad.returncode == 2 and "unknown target 'nope'" in bad.stderr and "ort" in bad.stderr
 
 
+def test_stop_after_emit_writes_the_sources_and_builds_nothing(tmp_path):
+    from kernel_lens.targets.common.emit import render_launches
+
+    m = load_module(MODELS["toy_two_kernels"])
+    compiled = kl.compile(m.model, m.example_inputs, dynamic_shapes=m.dynamic_shapes,
+                          targets=["ort"], output_dir=tmp_path, stop_after="emit")
+    src = tmp_path / "src"
+    assert sorted(p.name for p in src.iterdir()) == sorted(ort_sources(compiled.ir, 29))
+    assert (src / "kl_launches.cpp").read_text() == render_launches(compiled.ir)
+    assert compiled.artifacts["ort.onnx"].is_file() and "ort.library" not in compiled.artifacts
+    assert not list(tmp_path.glob("*.so"))
+    assert compiled.timings[-1].name == "ptx-isa-clamp"  # every pass ran
+    lowered = tmp_path / "lowered"
+    only = kl.compile(m.model, m.example_inputs, dynamic_shapes=m.dynamic_shapes,
+                      targets=["ort"], output_dir=lowered, stop_after="lower")
+    assert "ort.onnx" in only.artifacts and not (lowered / "src").exists()
+    with pytest.raises(KernelLensError, match="give output_dir"):
+        kl.compile(m.model, m.example_inputs, targets=["ort"], stop_after="emit")
+
+
+def test_cli_stop_after_and_target_stages(tmp_path):
+    cli = [sys.executable, "-m", "kernel_lens.cli"]
+    proc = subprocess.run([*cli, "compile", str(MODELS["toy_two_kernels"]), "--target", "ort",
+                           "--stop-after", "emit", "-o", str(tmp_path)], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "ort.source.kl_launches.cpp: " in proc.stdout and (tmp_path / "src" / "kl_ort.cpp").is_file()
+    assert not list(tmp_path.glob("*.so"))
+    for args, message in ((["--target", "ort", "--stop-after", "link"], "its stages: lower, emit, build"),
+                          (["--stop-after", "emit"], "give --target too")):
+        bad = subprocess.run([*cli, "compile", str(MODELS["toy_two_kernels"]), *args, "-o",
+                              str(tmp_path / "bad")], capture_output=True, text=True, timeout=600)
+        assert bad.returncode == 2 and message in bad.stderr, bad.stderr
+    listed = subprocess.run([*cli, "targets"], capture_output=True, text=True, timeout=300)
+    assert "stages: lower -> emit -> build" in listed.stdout
+
+
 @pytest.fixture(scope="module")
 def third_party(tmp_path_factory):
     """Install the separate kl-c-launcher distribution into a private folder on sys.path."""

@@ -83,6 +83,9 @@ def _parser() -> argparse.ArgumentParser:
     comp.add_argument("-o", "--output", default="kl_out", help="output directory (default: kl_out)")
     comp.add_argument("--target", action="append", default=[], metavar="NAME",
                       help="build this target too (e.g. ort); repeatable; see `kernel_lens targets`")
+    comp.add_argument("--stop-after", metavar="STAGE", default=None,
+                      help="stop each target after this stage (see `kernel_lens targets`; "
+                           "e.g. emit: write the C++ sources into OUT/src and build nothing)")
     comp.add_argument("--dump-after", metavar="PASS", action="append", default=[],
                       help="also write the IR after this pass into the output directory")
 
@@ -165,7 +168,9 @@ def cmd_targets(args: argparse.Namespace) -> int:
     from .targets.base import available_targets, get_target
 
     for name, origin in available_targets().items():
-        print(f"{name:12s} {get_target(name).description}   [{origin}]")
+        target = get_target(name)
+        print(f"{name:12s} {target.description}   [{origin}]\n"
+              f"{'':12s} stages: {' -> '.join(target.stages)}")
     return 0
 
 
@@ -178,9 +183,17 @@ def cmd_compile(args: argparse.Namespace) -> int:
     for name in args.target:  # fail fast on a typo, before the slow front half
         get_target(name)
     out = check_folder(args.output)  # a file there is refused before any work starts
+    if args.stop_after is not None:
+        if not args.target:
+            raise KernelLensError("--stop-after names a target stage: give --target too")
+        for name in args.target:
+            target = get_target(name)
+            if args.stop_after not in target.stages:
+                raise KernelLensError(f"target {name!r} has no stage {args.stop_after!r}; its "
+                                      f"stages: {', '.join(target.stages)}")
     compiled = _compile(args, dump_after=args.dump_after,
                         dump=dump_to_dir(out / "dumps") if args.dump_after else None)
-    paths = compiled.write(out, args.target)
+    paths = compiled.write(out, args.target, stop_after=args.stop_after)
     for kind, path in paths.items():
         print(f"{kind}: {path}")
     if args.dump_after:

@@ -36,8 +36,10 @@ class CompiledModel:
     def summary(self) -> str:
         return summarize(self.ir, self.timings)
 
-    def write(self, directory: str | Path, targets: Iterable[str] = ()) -> dict[str, Path]:
-        """Write the IR, the summary and each target's artifacts into ``directory``.
+    def write(self, directory: str | Path, targets: Iterable[str] = (),
+              stop_after: str | None = None) -> dict[str, Path]:
+        """Write the IR, the summary and each target's artifacts into ``directory`` (each
+        target's stages up to ``stop_after`` when given, e.g. ``"emit"``: the C++ sources).
 
         File names come from the IR's name, a validated identifier; every path is checked to lie
         inside ``directory`` and written atomically (links at those names are replaced)."""
@@ -50,7 +52,7 @@ class CompiledModel:
         self.artifacts.update({"ir": ir_path, "summary": summary_path})
         for name in targets:
             log.info("building target %s", name)
-            for kind, path in get_target(name).build(self.ir, directory).items():
+            for kind, path in get_target(name).build_until(self.ir, directory, stop_after).items():
                 path = Path(path)
                 if not path.is_absolute() and not path.is_relative_to(directory):
                     path = directory / path  # a bare name: relative to the output folder
@@ -224,11 +226,19 @@ def compile(model: Callable, example_inputs: Iterable[Any], *, dynamic_shapes: A
     by ``summary()``); ``roles`` overrides role inference per kernel
     (``{"kernel": {"param": "input"}}``); ``autotune`` picks a config per autotuned kernel
     (``{"kernel": {"BLOCK": 128}}``); ``options`` configure passes (e.g. ``ptx_version``);
-    ``targets`` (e.g. ``["ort"]``) are built into ``output_dir``.
+    ``targets`` (e.g. ``["ort"]``) are built into ``output_dir``. ``stop_after`` names a pass
+    (the pipeline stops there) or a stage of the targets (``kernel_lens targets`` lists them:
+    ``"emit"`` writes the C++ sources and builds nothing).
     """
     targets = list(targets)
     if output_dir is not None:
         check_folder(output_dir)  # a file there is refused before any work starts
+    stage = _target_stage(stop_after, targets, pass_manager or default_pipeline())
+    if stage is not None:
+        if output_dir is None:
+            raise KernelLensError(f"stop_after={stage!r} stops a target's build: give output_dir, "
+                                  f"where its outputs are written")
+        stop_after = None  # every pass runs
     ir, outputs = lift_with_outputs(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes,
                                     arch=arch, roles=roles, autotune=autotune, dynamic=dynamic)
     pm = pass_manager or default_pipeline()
@@ -237,5 +247,20 @@ def compile(model: Callable, example_inputs: Iterable[Any], *, dynamic_shapes: A
     if targets and output_dir is None:  # like torch.compile: artifacts live in the cache
         return _compile_into_cache(compiled, targets)
     if output_dir is not None:
-        compiled.write(output_dir, targets)
+        compiled.write(output_dir, targets, stop_after=stage)
     return compiled
+
+
+def _target_stage(stop_after: str | None, targets: list[str], pm: PassManager) -> str | None:
+    """``stop_after`` when it names a stage of a requested target (not a pass), else None."""
+    from .targets.base import get_target
+
+    if stop_after is None or not targets:
+        return None
+    stages = {stage for name in targets for stage in get_target(name).stages}
+    if stop_after not in stages:
+        return None
+    if stop_after in {p.name for p in pm.order()}:
+        raise KernelLensError(f"stop_after={stop_after!r} names both a pass and a target stage; "
+                              f"rename the pass")
+    return stop_after

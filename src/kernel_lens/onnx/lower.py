@@ -8,7 +8,7 @@ Contract (the generated custom-op library implements the ``kernel_lens`` nodes):
   its own name). Weights (``ir.constants``) are initializers.
 * Launch ``idx`` of ``ir.launches`` is ONE node: op_type = kernel id, domain ``kernel_lens``,
   name ``launch{idx}_{kernel}``, INT attribute ``launch = idx``, wired exactly as
-  :func:`kernel_lens.ir.launch_io.launch_io` says (suffix ``__{launch.order}``): inputs are the
+  :func:`kernel_lens.codegen.launch_io.launch_io` says (suffix ``__{launch.order}``): inputs are the
   current names of ``io.inputs``, outputs the new names of ``io.outputs`` (or the graph output's
   name, when that output is the kernel's result unchanged: constant folding drops the Identity);
   later uses of a written value refer to its new name. Bindings are positional.
@@ -63,7 +63,7 @@ from .. import aten_facts
 from ..errors import KernelLensError, SymbolicError, UnsupportedKernelError
 from ..ir.graph import ConstArg, GraphIR, Launch, OpArg, SymArg, TensorValue, TorchOp, ValueArg
 from ..ir.kernel import ParamKind
-from ..ir.launch_io import launch_io, root_of
+from ..codegen.launch_io import launch_io, root_of
 from ..ir.symbolic import parse
 from ..ir.types import DType
 from . import aten, rewrites, torchlib
@@ -762,7 +762,7 @@ def lower_to_onnx_cached(ir: GraphIR, *, opset: int = MIN_OPSET) -> onnx.ModelPr
     from ..toolchain import entry_cache
 
     code = [Path(__file__).parent / f for f in ("lower.py", "aten.py", "torchlib.py", "rewrites.py")]
-    code += [Path(__file__).parents[1] / "aten_facts.py", Path(__file__).parents[1] / "ir" / "launch_io.py"]
+    code += [Path(__file__).parents[1] / "aten_facts.py", Path(__file__).parents[1] / "codegen" / "launch_io.py"]
     key = entry_cache.key_of("onnx/1", _version(), torch.__version__, version("onnxscript"),
                              onnx.__version__, opset, *(p.read_bytes() for p in code),
                              ir.to_json(indent=None).encode())

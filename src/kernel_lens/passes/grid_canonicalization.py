@@ -2,7 +2,7 @@
 
 Each grid, integer scalar, shape, stride and offset is parsed, simplified under the symbols'
 integer/non-negative assumptions, checked to use only declared graph-input dims, checked to
-print as exact int64 C++ (through the one printer, ``ir.cxx_printer``), and checked against
+print as exact int64 C++ (through the one printer, ``codegen.cxx``), and checked against
 the values seen at capture.
 
 A recompile of the same model asks the same questions: the pass's results are kept in one
@@ -22,7 +22,7 @@ import sympy
 
 from ..errors import SymbolicError
 from ..ir import GraphIR, evaluate, format_expr, parse
-from ..ir.cxx_printer import to_cxx
+from ..codegen.cxx import to_cxx
 from .base import Pass, PassContext, PassResult
 
 
@@ -120,8 +120,7 @@ def _code_key() -> str:
     from ..toolchain import entry_cache
 
     here = Path(__file__)
-    ir_dir = here.parents[1] / "ir"
-    files = [here, ir_dir / "symbolic.py", ir_dir / "cxx_printer.py"]
+    files = [here, here.parents[1] / "ir" / "symbolic.py", here.parents[1] / "codegen" / "cxx.py"]
     return entry_cache.key_of("canonical/1", sympy.__version__, *(f.read_bytes() for f in files))
 
 

@@ -27,20 +27,59 @@ class Runner(Protocol):
 
 
 class Target(ABC):
-    """A back-end: reads only the IR, writes artifacts into a folder, and may run them."""
+    """A back-end: reads only the IR, writes artifacts into a folder, and may run them.
+
+    ``stages`` names the steps :meth:`build` goes through, in order (listed by
+    ``kernel_lens targets``); :meth:`build_until` stops after one of them. A target that does not
+    split its work has the one stage ``build``."""
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
+    stages: ClassVar[tuple[str, ...]] = ("build",)
 
     @abstractmethod
     def build(self, ir: GraphIR, out_dir: Path) -> dict[str, Path]:
         """Write this target's artifacts for ``ir`` into ``out_dir``; return them by kind."""
+
+    def build_until(self, ir: GraphIR, out_dir: Path, stop_after: str | None = None) -> dict[str, Path]:
+        """:meth:`build`, or only its stages up to ``stop_after`` (their outputs written)."""
+        if stop_after is None or stop_after == self.stages[-1]:
+            return self.build(ir, out_dir)
+        raise KernelLensError(f"target {self.name!r} has no stage {stop_after!r}; its stages: "
+                              f"{', '.join(self.stages)}")
 
     def runner(self, ir: GraphIR, artifacts: dict[str, Path], **options: Any) -> Runner:
         """A runner over the artifacts :meth:`build` returned (by kind). Targets that only
         produce files for other tools keep this default."""
         raise KernelLensError(f"target {self.name!r} builds artifacts but has no runner in "
                               f"kernel_lens; use them with the tool they are for")
+
+
+class StagedTarget(Target):
+    """A target built in named stages: a method ``stage_<name>(ir, out_dir, state)`` per stage,
+    run in order on a shared ``state`` dict (what earlier stages produced); each returns the
+    artifacts it wrote, by kind. With ``stop_after``, the stages after it do not run and the
+    stopping stage is told so (``state["final"]``), so it writes what it would otherwise only
+    hand on (e.g. ``emit`` writes its C++ sources)."""
+
+    stages: ClassVar[tuple[str, ...]] = ("lower", "emit", "build")
+
+    def build(self, ir: GraphIR, out_dir: Path) -> dict[str, Path]:
+        return self.build_until(ir, out_dir, None)
+
+    def build_until(self, ir: GraphIR, out_dir: Path, stop_after: str | None = None) -> dict[str, Path]:
+        stop = stop_after or self.stages[-1]
+        if stop not in self.stages:
+            raise KernelLensError(f"target {self.name!r} has no stage {stop!r}; its stages: "
+                                  f"{', '.join(self.stages)}")
+        artifacts: dict[str, Path] = {}
+        state: dict[str, Any] = {}
+        for stage in self.stages:
+            state["final"] = stage == stop
+            artifacts.update(getattr(self, f"stage_{stage}")(ir, out_dir, state))
+            if stage == stop:
+                break
+        return artifacts
 
 
 _registered: dict[str, type[Target]] = {}

@@ -2,7 +2,7 @@
 //
 // Why this exists: kernel_lens prints symbolic grid sizes, shapes and
 // shape-derived scalars (integer sympy expressions) as int64_t C++ expressions
-// (see kernel_lens/ir/cxx_printer.py). sympy and Python round integer division
+// (see kernel_lens/codegen/cxx.py). sympy and Python round integer division
 // toward -infinity and give `a % b` the sign of b, while C++ `/` and `%`
 // truncate toward zero, so `(s0 - 1) / 4` or `x % 8` would silently disagree
 // with the expression they were printed from as soon as an operand is

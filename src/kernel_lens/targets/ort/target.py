@@ -6,12 +6,12 @@ import logging
 from pathlib import Path
 
 from ...errors import KernelLensError
-from ...fileio import atomic_copy, ensure_folder, inside
+from ...fileio import atomic_copy, atomic_write, ensure_folder, inside
 from ...ir import GraphIR
 from ...onnx.lower import lower_to_onnx_cached, save_onnx
 from ...toolchain.build import build_shared_library
 from ...toolchain.headers import find_ort_include, ort_api_version
-from ..base import Target
+from ..base import StagedTarget
 from ..common.emit import common_headers, render_launches, templates
 
 log = logging.getLogger(__name__)
@@ -37,21 +37,36 @@ def ort_sources(ir: GraphIR, api_version: int) -> dict[str, str]:
     }
 
 
-class OrtTarget(Target):
+class OrtTarget(StagedTarget):
+    """Stages: ``lower`` (the ONNX graph), ``emit`` (the library's C++ sources, written to
+    ``src/`` only when stopping there), ``build`` (the custom-op library)."""
+
     name = "ort"
     description = "ONNX Runtime (CUDA EP): ONNX graph + OrtCustomOp library"
 
-    def build(self, ir: GraphIR, out_dir: Path) -> dict[str, Path]:
+    def stage_lower(self, ir: GraphIR, out_dir: Path, state: dict) -> dict[str, Path]:
         ensure_folder(out_dir)
-        include = find_ort_include()
-        api = ort_api_version(include)
         model_path = inside(out_dir, f"{ir.name}.onnx")
         save_onnx(lower_to_onnx_cached(ir, opset=OPSET), model_path)
-        library = build_shared_library(f"kl_{ir.name}_ort", ort_sources(ir, api),
-                                       include_dirs=[include], key_extra=f"ort-api-{api}")
+        return {"onnx": model_path}
+
+    def stage_emit(self, ir: GraphIR, out_dir: Path, state: dict) -> dict[str, Path]:
+        include = find_ort_include()
+        state["api"] = api = ort_api_version(include)
+        state["include"] = include
+        state["sources"] = sources = ort_sources(ir, api)
+        if not state["final"]:
+            return {}
+        src = ensure_folder(inside(out_dir, "src"))
+        return {f"source.{name}": atomic_write(inside(src, name), text) for name, text in sources.items()}
+
+    def stage_build(self, ir: GraphIR, out_dir: Path, state: dict) -> dict[str, Path]:
+        api = state["api"]
+        library = build_shared_library(f"kl_{ir.name}_ort", state["sources"],
+                                       include_dirs=[state["include"]], key_extra=f"ort-api-{api}")
         lib_path = atomic_copy(library, inside(out_dir, f"libkl_{ir.name}_ort.so"))
-        log.info("ort: wrote %s and %s", model_path, lib_path)
-        return {"onnx": model_path, "library": lib_path}
+        log.info("ort: wrote %s", lib_path)
+        return {"library": lib_path}
 
     def runner(self, ir: GraphIR, artifacts: dict[str, Path], *, cuda_graph: bool = False, **options):
         from ...runtime.ort import OrtModel

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 
 from ..aten_facts import allocates_uninitialized
 from ..errors import IRError
-from .graph import GraphIR, Launch
-from .kernel import ParamKind
-from .symbolic import parse
+from ..ir.graph import GraphIR, Launch
+from ..ir.kernel import ParamKind
+from ..ir.symbolic import parse
 
 
 
