@@ -1,12 +1,13 @@
 """codegen.trt_expr: IR expressions printed as TensorRT IExprBuilder calls, compiled against the
 real TensorRT 10.14 headers with an evaluating IExprBuilder of the test's own (TensorRT's
 classes are pImpl wrappers: the test implements apiv::VExprBuilder / VDimensionExpr) and
-compared with sympy's exact value at many points."""
+compared with sympy's exact value at many points (tests/trt/eval_builder.h)."""
 
 from __future__ import annotations
 
 import random
 import subprocess
+from pathlib import Path
 
 import pytest
 import sympy
@@ -17,6 +18,7 @@ from kernel_lens.ir import parse
 from kernel_lens.toolchain import compilers, headers
 
 NAMES = ["s0", "s1", "s2"]
+TRT_TESTS = Path(__file__).parent / "trt"  # eval_builder.h: an IExprBuilder that evaluates
 EXPRESSIONS = [
     "s0", "7", "s0 + s1", "s0 - s1 + 3", "2*s0*s1 - 5", "s0**3", "ceiling(s0/1024)",
     "floor(s0/16)", "floor((s0 + 1)/2)", "ceiling(s0/3 + 1/2)", "Mod(s0, 16)", "Max(s0, s1, 4)",
@@ -25,65 +27,15 @@ EXPRESSIONS = [
 ]
 
 HARNESS = r"""
-#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <memory>
-#include <vector>
-#include "NvInferRuntime.h"
+
+#include "eval_builder.h"
 
 using namespace nvinfer1;
 
-namespace {
-// TensorRT's IDimensionExpr / IExprBuilder forward to an implementation object (mImpl, protected):
-// these evaluate instead of building a TensorRT graph.
-class Value final : public apiv::VDimensionExpr {
- public:
-  explicit Value(int64_t v) : v_(v) {}
-  bool isConstant() const override { return true; }
-  int64_t getConstantValue() const override { return v_; }
-  bool isSizeTensor() const override { return false; }
- private:
-  int64_t v_;
-};
-class Expr final : public IDimensionExpr {
- public:
-  explicit Expr(int64_t v) : impl_(v) { mImpl = &impl_; }
- private:
-  Value impl_;
-};
-int64_t floordiv(int64_t a, int64_t b) { int64_t q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
-class Builder final : public apiv::VExprBuilder {
- public:
-  IDimensionExpr const* constant(int64_t v) override { keep_.emplace_back(new Expr(v)); return keep_.back().get(); }
-  IDimensionExpr const* operation(DimensionOperation op, IDimensionExpr const& x, IDimensionExpr const& y) override {
-    int64_t a = x.getConstantValue(), b = y.getConstantValue(), r = 0;
-    switch (op) {
-      case DimensionOperation::kSUM: r = a + b; break;
-      case DimensionOperation::kPROD: r = a * b; break;
-      case DimensionOperation::kMAX: r = a > b ? a : b; break;
-      case DimensionOperation::kMIN: r = a < b ? a : b; break;
-      case DimensionOperation::kSUB: r = a - b; break;
-      case DimensionOperation::kEQUAL: r = a == b; break;
-      case DimensionOperation::kLESS: r = a < b; break;
-      case DimensionOperation::kFLOOR_DIV: r = floordiv(a, b); break;
-      case DimensionOperation::kCEIL_DIV: r = -floordiv(-a, b); break;
-    }
-    return constant(r);
-  }
-  IDimensionExpr const* declareSizeTensor(int32_t, IDimensionExpr const&, IDimensionExpr const&) override { std::abort(); }
- private:
-  std::vector<std::unique_ptr<Expr>> keep_;
-};
-class ExprBuilder final : public IExprBuilder {
- public:
-  explicit ExprBuilder(Builder* b) { mImpl = b; }
-};
-}  // namespace
-
 int main(int argc, char** argv) {
-  Builder impl;
-  ExprBuilder exprBuilder(&impl);
+  kl_test::ExprBuilder exprBuilder;
   for (int i = 1; i + 2 < argc; i += 3) {
     IDimensionExpr const* s0 = exprBuilder.constant(std::atoll(argv[i]));
     IDimensionExpr const* s1 = exprBuilder.constant(std::atoll(argv[i + 1]));
@@ -106,7 +58,7 @@ def harness(tmp_path_factory):
     (folder / "h.cpp").write_text(HARNESS.replace("%(lines)s", lines))
     exe = folder / "h"
     subprocess.run([compilers.find_cxx(), "-std=c++17", "-Wall", "-Wextra", "-Werror", "-O1",
-                    "-isystem", str(trt), "-isystem", str(cuda), str(folder / "h.cpp"), "-o", str(exe)],
+                    "-isystem", str(trt), "-isystem", str(cuda), f"-I{TRT_TESTS}", str(folder / "h.cpp"), "-o", str(exe)],
                    check=True, capture_output=True, text=True)
     return exe
 

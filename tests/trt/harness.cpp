@@ -1,0 +1,299 @@
+// Drives kernel_lens TensorRT plugin libraries the way TensorRT does, without TensorRT or a GPU:
+// dlopen, the exported creator table, plugin creation from fields (V3) or from a serialized
+// blob (V2), output dtypes, output shapes through an evaluating IExprBuilder (eval_builder.h),
+// format support, workspace size, serialization round trips and clone.
+//
+//   harness v3|v2 LIBRARY < cases
+// A case line: plugin_name launch nb_in nb_out, then per input: dtype rank dims..., then per
+// output: dtype. For each case it prints one line:
+//   ok <launch> <workspace bytes> <output dims as rank d0 d1 ...>...
+// or `error <message>`.
+#include <dlfcn.h>
+
+#include <cstring>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "NvInferRuntime.h"
+#include "eval_builder.h"
+
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"  // IPluginV2* (deprecated in TensorRT 10)
+
+using namespace nvinfer1;
+
+namespace {
+
+struct Case {
+  std::string name;
+  int32_t launch = 0;
+  std::vector<DataType> in_types, out_types;
+  std::vector<Dims> in_dims;
+};
+
+bool read_case(std::istream& in, Case* c) {
+  int nb_in = 0, nb_out = 0;
+  if (!(in >> c->name >> c->launch >> nb_in >> nb_out)) return false;
+  for (int i = 0; i < nb_in; ++i) {
+    int t = 0;
+    Dims d{};
+    in >> t >> d.nbDims;
+    for (int k = 0; k < d.nbDims; ++k) in >> d.d[k];
+    c->in_types.push_back(static_cast<DataType>(t));
+    c->in_dims.push_back(d);
+  }
+  for (int i = 0; i < nb_out; ++i) {
+    int t = 0;
+    in >> t;
+    c->out_types.push_back(static_cast<DataType>(t));
+  }
+  return static_cast<bool>(in);
+}
+
+DataType other_type(DataType t) { return t == DataType::kFLOAT ? DataType::kHALF : DataType::kFLOAT; }
+
+std::string dims_text(const std::vector<std::vector<int64_t>>& outs) {
+  std::ostringstream s;
+  for (const auto& o : outs) {
+    s << " " << o.size();
+    for (int64_t v : o) s << " " << v;
+  }
+  return s.str();
+}
+
+std::vector<DimsExprs> input_exprs(const Case& c, IExprBuilder& b) {
+  std::vector<DimsExprs> exprs(c.in_dims.size());
+  for (size_t i = 0; i < c.in_dims.size(); ++i) {
+    exprs[i].nbDims = c.in_dims[i].nbDims;
+    for (int k = 0; k < c.in_dims[i].nbDims; ++k) exprs[i].d[k] = b.constant(c.in_dims[i].d[k]);
+  }
+  return exprs;
+}
+
+// V3 ---------------------------------------------------------------------------------------------
+struct V3 {
+  IPluginV3* plugin;
+  IPluginV3OneCore* core;
+  IPluginV3OneBuild* build;
+  IPluginV3OneRuntime* runtime;
+};
+
+bool unpack(IPluginV3* p, V3* out) {
+  if (p == nullptr) return false;
+  out->plugin = p;
+  out->core = static_cast<IPluginV3OneCore*>(p->getCapabilityInterface(PluginCapabilityType::kCORE));
+  out->build = static_cast<IPluginV3OneBuild*>(p->getCapabilityInterface(PluginCapabilityType::kBUILD));
+  out->runtime = static_cast<IPluginV3OneRuntime*>(p->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+  return out->core && out->build && out->runtime;
+}
+
+std::string shapes_v3(V3& v, const Case& c, std::vector<std::vector<int64_t>>* outs) {
+  kl_test::ExprBuilder b;
+  std::vector<DimsExprs> in = input_exprs(c, b);
+  const int32_t nb_out = v.build->getNbOutputs();
+  std::vector<DimsExprs> out(static_cast<size_t>(nb_out));
+  if (v.build->getOutputShapes(in.data(), static_cast<int32_t>(in.size()), nullptr, 0, out.data(), nb_out, b) != 0)
+    return "getOutputShapes failed";
+  outs->clear();
+  for (const DimsExprs& e : out) {
+    std::vector<int64_t> dims;
+    for (int k = 0; k < e.nbDims; ++k) dims.push_back(e.d[k]->getConstantValue());
+    outs->push_back(dims);
+  }
+  return {};
+}
+
+std::string run_v3(IPluginCreatorInterface* const* creators, int32_t n, const Case& c, std::string* line) {
+  IPluginCreatorV3One* creator = nullptr;
+  for (int32_t i = 0; i < n; ++i) {
+    if (std::string(creators[i]->getInterfaceInfo().kind) != "PLUGIN CREATOR_V3ONE") return "creator is not V3One";
+    auto* cr = static_cast<IPluginCreatorV3One*>(creators[i]);
+    if (c.name == cr->getPluginName()) creator = cr;
+  }
+  if (creator == nullptr) return "no creator named " + c.name;
+  if (std::string(creator->getPluginNamespace()) != "kernel_lens" || std::string(creator->getPluginVersion()) != "1")
+    return "creator namespace/version";
+  const int64_t launch64 = c.launch;  // as the ONNX parser may hand it: INT64
+  PluginField f("launch", &launch64, PluginFieldType::kINT64, 1);
+  PluginFieldCollection fc{1, &f};
+  V3 v{};
+  if (!unpack(creator->createPlugin(c.name.c_str(), &fc, TensorRTPhase::kBUILD), &v)) return "createPlugin failed";
+  if (c.name != v.core->getPluginName()) return "plugin name";
+  const int32_t nb_in = static_cast<int32_t>(c.in_types.size()), nb_out = v.build->getNbOutputs();
+  if (nb_out != static_cast<int32_t>(c.out_types.size())) return "getNbOutputs";
+  std::vector<DataType> types(static_cast<size_t>(nb_out));
+  if (v.build->getOutputDataTypes(types.data(), nb_out, c.in_types.data(), nb_in) != 0) return "getOutputDataTypes";
+  for (int32_t i = 0; i < nb_out; ++i)
+    if (types[i] != c.out_types[i]) return "output dtype " + std::to_string(i);
+  std::vector<DataType> wrong = c.in_types;
+  wrong[0] = other_type(wrong[0]);
+  if (v.build->getOutputDataTypes(types.data(), nb_out, wrong.data(), nb_in) == 0) return "accepted a wrong input dtype";
+  std::vector<std::vector<int64_t>> outs;
+  std::string e = shapes_v3(v, c, &outs);
+  if (!e.empty()) return e;
+  std::vector<DynamicPluginTensorDesc> io(static_cast<size_t>(nb_in + nb_out));
+  for (int32_t i = 0; i < nb_in + nb_out; ++i) {
+    PluginTensorDesc& d = io[static_cast<size_t>(i)].desc;
+    d.format = TensorFormat::kLINEAR;
+    d.type = i < nb_in ? c.in_types[i] : c.out_types[i - nb_in];
+    if (i < nb_in) {
+      d.dims = c.in_dims[i];
+      io[static_cast<size_t>(i)].min = io[static_cast<size_t>(i)].max = io[static_cast<size_t>(i)].opt = c.in_dims[i];
+    } else {
+      d.dims.nbDims = static_cast<int32_t>(outs[i - nb_in].size());
+      for (int k = 0; k < d.dims.nbDims; ++k) d.dims.d[k] = outs[i - nb_in][k];
+      io[static_cast<size_t>(i)].min = io[static_cast<size_t>(i)].max = io[static_cast<size_t>(i)].opt = d.dims;
+    }
+  }
+  for (int32_t pos = 0; pos < nb_in + nb_out; ++pos) {
+    if (!v.build->supportsFormatCombination(pos, io.data(), nb_in, nb_out)) return "format refused at " + std::to_string(pos);
+    DynamicPluginTensorDesc keep = io[static_cast<size_t>(pos)];
+    io[static_cast<size_t>(pos)].desc.type = other_type(keep.desc.type);
+    const bool wrong_ok = v.build->supportsFormatCombination(pos, io.data(), nb_in, nb_out);
+    io[static_cast<size_t>(pos)].desc.format = TensorFormat::kHWC8;
+    io[static_cast<size_t>(pos)].desc.type = keep.desc.type;
+    const bool format_ok = v.build->supportsFormatCombination(pos, io.data(), nb_in, nb_out);
+    io[static_cast<size_t>(pos)] = keep;
+    if (wrong_ok || format_ok) return "format accepted a wrong dtype or layout at " + std::to_string(pos);
+  }
+  if (v.build->configurePlugin(io.data(), nb_in, io.data() + nb_in, nb_out) != 0) return "configurePlugin";
+  const size_t ws = v.build->getWorkspaceSize(io.data(), nb_in, io.data() + nb_in, nb_out);
+  std::vector<PluginTensorDesc> plain;
+  for (auto& d : io) plain.push_back(d.desc);
+  if (v.runtime->onShapeChange(plain.data(), nb_in, plain.data() + nb_in, nb_out) != 0) return "onShapeChange";
+  // serialization: fields -> a new plugin (runtime phase) with the same behaviour
+  const PluginFieldCollection* saved = v.runtime->getFieldsToSerialize();
+  V3 again{};
+  if (!unpack(creator->createPlugin(c.name.c_str(), saved, TensorRTPhase::kRUNTIME), &again)) return "recreate from fields";
+  std::vector<std::vector<int64_t>> outs2;
+  e = shapes_v3(again, c, &outs2);
+  if (!e.empty() || outs2 != outs) return "fields round trip changed the plugin";
+  V3 copy{};
+  if (!unpack(v.plugin->clone(), &copy)) return "clone";
+  delete v.plugin;  // clone is deep: the copy works after the original is gone
+  e = shapes_v3(copy, c, &outs2);
+  if (!e.empty() || outs2 != outs) return "clone differs";
+  V3 attached{};
+  if (!unpack(copy.runtime->attachToContext(nullptr), &attached)) return "attachToContext";
+  delete copy.plugin;
+  delete again.plugin;
+  delete attached.plugin;
+  *line = "ok " + std::to_string(c.launch) + " " + std::to_string(ws) + dims_text(outs);
+  return {};
+}
+
+// V2 ---------------------------------------------------------------------------------------------
+std::string shapes_v2(IPluginV2DynamicExt* p, const Case& c, std::vector<std::vector<int64_t>>* outs) {
+  kl_test::ExprBuilder b;
+  std::vector<DimsExprs> in = input_exprs(c, b);
+  outs->clear();
+  for (int32_t j = 0; j < p->getNbOutputs(); ++j) {
+    DimsExprs e = p->getOutputDimensions(j, in.data(), static_cast<int32_t>(in.size()), b);
+    std::vector<int64_t> dims;
+    for (int k = 0; k < e.nbDims; ++k) {
+      if (e.d[k] == nullptr) return "getOutputDimensions gave no expression";
+      dims.push_back(e.d[k]->getConstantValue());
+    }
+    outs->push_back(dims);
+  }
+  return {};
+}
+
+std::string run_v2(IPluginCreator* const* creators, int32_t n, const Case& c, std::string* line) {
+  IPluginCreator* creator = nullptr;
+  for (int32_t i = 0; i < n; ++i)
+    if (c.name == creators[i]->getPluginName()) creator = creators[i];
+  if (creator == nullptr) return "no creator named " + c.name;
+  const int32_t launch = c.launch;
+  PluginField f("launch", &launch, PluginFieldType::kINT32, 1);
+  PluginFieldCollection fc{1, &f};
+  auto* p = static_cast<IPluginV2DynamicExt*>(creator->createPlugin(c.name.c_str(), &fc));
+  if (p == nullptr) return "createPlugin failed";
+  if (c.name != p->getPluginType() || std::string(p->getPluginNamespace()) != "kernel_lens") return "type/namespace";
+  const int32_t nb_in = static_cast<int32_t>(c.in_types.size()), nb_out = p->getNbOutputs();
+  if (nb_out != static_cast<int32_t>(c.out_types.size())) return "getNbOutputs";
+  for (int32_t i = 0; i < nb_out; ++i)
+    if (p->getOutputDataType(i, c.in_types.data(), nb_in) != c.out_types[i]) return "output dtype";
+  std::vector<std::vector<int64_t>> outs;
+  std::string e = shapes_v2(p, c, &outs);
+  if (!e.empty()) return e;
+  std::vector<PluginTensorDesc> io(static_cast<size_t>(nb_in + nb_out));
+  for (int32_t i = 0; i < nb_in + nb_out; ++i) {
+    PluginTensorDesc& d = io[static_cast<size_t>(i)];
+    d.format = TensorFormat::kLINEAR;
+    d.type = i < nb_in ? c.in_types[i] : c.out_types[i - nb_in];
+    if (i < nb_in) {
+      d.dims = c.in_dims[i];
+    } else {
+      d.dims.nbDims = static_cast<int32_t>(outs[i - nb_in].size());
+      for (int k = 0; k < d.dims.nbDims; ++k) d.dims.d[k] = outs[i - nb_in][k];
+    }
+  }
+  for (int32_t pos = 0; pos < nb_in + nb_out; ++pos) {
+    if (!p->supportsFormatCombination(pos, io.data(), nb_in, nb_out)) return "format refused";
+    PluginTensorDesc keep = io[static_cast<size_t>(pos)];
+    io[static_cast<size_t>(pos)].type = other_type(keep.type);
+    const bool wrong_ok = p->supportsFormatCombination(pos, io.data(), nb_in, nb_out);
+    io[static_cast<size_t>(pos)] = keep;
+    if (wrong_ok) return "format accepted a wrong dtype";
+  }
+  const size_t ws = p->getWorkspaceSize(io.data(), nb_in, io.data() + nb_in, nb_out);
+  std::vector<char> blob(p->getSerializationSize());
+  p->serialize(blob.data());
+  auto* again = static_cast<IPluginV2DynamicExt*>(creator->deserializePlugin(c.name.c_str(), blob.data(), blob.size()));
+  if (again == nullptr) return "deserializePlugin failed";
+  std::vector<std::vector<int64_t>> outs2;
+  e = shapes_v2(again, c, &outs2);
+  if (!e.empty() || outs2 != outs) return "serialize round trip changed the plugin";
+  if (creator->deserializePlugin(c.name.c_str(), blob.data(), blob.size() + 1) != nullptr) return "accepted a bad blob";
+  IPluginV2DynamicExt* copy = p->clone();
+  p->destroy();
+  e = shapes_v2(copy, c, &outs2);
+  if (copy == nullptr || !e.empty() || outs2 != outs) return "clone differs";
+  copy->destroy();
+  again->destroy();
+  *line = "ok " + std::to_string(c.launch) + " " + std::to_string(ws) + dims_text(outs);
+  return {};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::cerr << "usage: harness v3|v2 LIBRARY < cases\n";
+    return 2;
+  }
+  const std::string kind = argv[1];
+  void* lib = dlopen(argv[2], RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    std::cerr << dlerror() << "\n";
+    return 2;
+  }
+  using GetCreators = IPluginCreatorInterface* const* (*)(int32_t&);
+  using GetPluginCreators = IPluginCreator* const* (*)(int32_t&);
+  auto get_creators = reinterpret_cast<GetCreators>(dlsym(lib, "getCreators"));
+  auto get_v2 = reinterpret_cast<GetPluginCreators>(dlsym(lib, "getPluginCreators"));
+  if (get_creators == nullptr || dlsym(lib, "setLoggerFinder") == nullptr || (kind == "v2" && get_v2 == nullptr)) {
+    std::cerr << "missing exports\n";
+    return 2;
+  }
+  int32_t n = 0;
+  IPluginCreatorInterface* const* creators = get_creators(n);
+  std::cout << "creators " << n << "\n";
+  Case c;
+  while (read_case(std::cin, &c)) {
+    std::string line;
+    std::string error;
+    if (kind == "v3") {
+      error = run_v3(creators, n, c, &line);
+    } else {
+      int32_t n2 = 0;
+      IPluginCreator* const* v2 = get_v2(n2);
+      error = n2 != n ? "getPluginCreators and getCreators disagree" : run_v2(v2, n2, c, &line);
+    }
+    std::cout << (error.empty() ? line : "error " + error) << "\n";
+    c = Case{};
+  }
+  return 0;
+}
