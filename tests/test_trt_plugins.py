@@ -9,6 +9,7 @@ sizes in the declared ranges. enqueue needs a GPU: see tests/gpu."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import kernel_lens as kl
 from kernel_lens.codegen.plan import build_plan
 from kernel_lens.errors import UnsupportedKernelError
 from kernel_lens.ir import DType, evaluate, parse
-from kernel_lens.targets.trt.target import plugin_name, trt_onnx, trt_sources
+from kernel_lens.targets.trt.target import plugin_names, trt_onnx, trt_sources
 from kernel_lens.toolchain import compilers, headers
 from kernel_lens.toolchain.build import build_shared_library
 
@@ -59,8 +60,9 @@ def _size_sets(ir):
 
 def _cases(ir, plan, values):
     lines, expected = [], []
+    names = plugin_names(ir, plan)
     for launch in plan.launches:
-        fields = [plugin_name(ir, launch.kernel), str(launch.index), str(len(launch.inputs)),
+        fields = [names[launch.kernel], str(launch.index), str(len(launch.inputs)),
                   str(len(launch.outputs))]
         for value in launch.inputs:
             dims = [evaluate(parse(s, plan.symbols), values) for s in ir.values[value.value].shape]
@@ -91,7 +93,8 @@ def test_plugins_build_and_answer_like_the_ir(stem, harness, tmp_path):
     assert len(plugin_nodes) == len(plan.launches)
     for node in plugin_nodes:
         attrs = {a.name: a for a in node.attribute}
-        assert node.op_type.startswith(f"kl_{ir.name}_")
+        assert node.op_type in plugin_names(ir, plan).values()
+        assert re.fullmatch(rf"kl_{ir.name}_\w+_[0-9a-f]{{8}}", node.op_type)
         assert attrs["plugin_version"].s == b"1" and attrs["plugin_namespace"].s == b"kernel_lens"
     kernels = sorted({p.kernel for p in plan.launches})
     for kind in ("v3", "v2"):
@@ -114,3 +117,12 @@ def test_v2_refuses_tensorrt_11_headers(monkeypatch):
     TrtV3Target().check_version("11.4.0")  # V3 builds against 10.x and 11.x
     with pytest.raises(KernelLensError, match="TensorRT 10 or newer"):
         TrtV3Target().check_version("8.6.1")
+
+
+def test_plugin_names_are_unique_per_model_and_stable():
+    first, second = _ir("vector_add"), _ir("scalar_kinds")
+    first_named = first.model_copy(update={"name": "Model"})
+    second_named = second.model_copy(update={"name": "Model"})
+    a, b = plugin_names(first_named), plugin_names(second_named)
+    assert set(a.values()).isdisjoint(b.values())  # same class name, other model: other names
+    assert plugin_names(_ir("vector_add").model_copy(update={"name": "Model"})) == a  # recompiled: same

@@ -6,8 +6,9 @@ and one plugin library, both from the launch plan (``codegen.plan``).
 - ``trt-v2``: ``IPluginV2DynamicExt`` with ``IPluginCreator``; TensorRT 10.x only (11 removed it).
 - ``trt``: ``trt-v3`` (every TensorRT with IPluginV3, i.e. >= 10).
 
-One plugin per kernel, named ``kl_<model>_<kernel>`` (namespace ``kernel_lens``, version ``1``):
-TensorRT's plugin registry is process-global, so two compiled models coexist. The ONNX node's
+One plugin per kernel, named ``kl_<model>_<kernel>_<digest>`` (namespace ``kernel_lens``, version
+``1``; see :func:`plugin_names`): TensorRT's plugin registry is process-global, so two compiled
+models coexist. The ONNX node's
 ``op_type`` is that name, with ``plugin_version``/``plugin_namespace`` attributes and the
 ``launch`` attribute the plugin is created with. Stages: ``lower`` (ONNX) -> ``emit`` (C++) ->
 ``build`` (the library). The library links no TensorRT library and dlopens the CUDA driver.
@@ -46,8 +47,18 @@ _TRT_DTYPES = {DType.fp32: "kFLOAT", DType.fp16: "kHALF", DType.bf16: "kBF16", D
                DType.fp8e4nv: "kFP8"}
 
 
-def plugin_name(ir: GraphIR, kernel: str) -> str:
-    return f"kl_{ir.name}_{kernel}"
+def plugin_names(ir: GraphIR, plan: ModelPlan | None = None) -> dict[str, str]:
+    """Kernel id -> plugin name ``kl_<model>_<kernel>_<8 hex digits>``. The digits hash the
+    model's launch plan and kernels, so two models of the same class name coexist in TensorRT's
+    process-global plugin registry, while the same compiled model always gets the same names."""
+    import hashlib
+
+    plan = plan or build_plan(ir)
+    digest = hashlib.sha256(plan.model_dump_json().encode())
+    for name in sorted(ir.kernels):
+        digest.update(ir.kernels[name].model_dump_json().encode())
+    tag = digest.hexdigest()[:8]
+    return {k: f"kl_{ir.name}_{k}_{tag}" for k in sorted({p.kernel for p in plan.launches})}
 
 
 def trt_dtype(dtype: DType) -> str:
@@ -82,7 +93,7 @@ def trt_sources(ir: GraphIR, kind: str, plan: ModelPlan | None = None) -> dict[s
     plan = plan or build_plan(ir)
     env = templates(HERE)
     env.filters.update(_printers(plan))
-    plugins = [(plugin_name(ir, k), k) for k in sorted({p.kernel for p in plan.launches})]
+    plugins = [(name, k) for k, name in plugin_names(ir, plan).items()]
     return {
         **common_headers(),
         "kl_trt.h": (HERE / "kl_trt.h").read_text(),
@@ -95,12 +106,43 @@ def trt_sources(ir: GraphIR, kind: str, plan: ModelPlan | None = None) -> dict[s
 def trt_onnx(ir: GraphIR) -> onnx.ModelProto:
     """The lowered graph with each kernel node named after its plugin, for TensorRT's parser."""
     model = onnx.ModelProto.FromString(lower_to_onnx_cached(ir, opset=OPSET).SerializeToString())
+    names = plugin_names(ir)
     for node in model.graph.node:
         if node.domain == DOMAIN:
-            node.op_type = plugin_name(ir, node.op_type)
+            node.op_type = names[node.op_type]
             node.attribute.extend([helper.make_attribute("plugin_version", PLUGIN_VERSION),
                                    helper.make_attribute("plugin_namespace", DOMAIN)])
     return model
+
+
+def optimization_profile(ir: GraphIR) -> dict[str, list[tuple[int, int, int]]]:
+    """(min, opt, max) of every dim of every graph input, from the IR's symbol ranges, with the
+    captured (example) sizes as ``opt``: what a TensorRT optimization profile needs. A symbol
+    without an upper bound is refused (TensorRT needs one: declare ``Dim(..., max=...)``)."""
+    names = list(ir.symbols)
+    points = {}
+    for which, attr in (("min", "min"), ("opt", "example"), ("max", "max")):
+        values = {}
+        for n, info in ir.symbols.items():
+            value = getattr(info, attr)
+            if value is None:
+                raise KernelLensError(f"{ir.name}: dimension {n} has no upper bound; a TensorRT "
+                                      f"optimization profile needs one: declare Dim({n!r}, max=...)")
+            values[n] = value
+        points[which] = values
+    profile = {}
+    for name in ir.inputs:
+        dims = []
+        for text in ir.values[name].shape:
+            expr = parse(text, names)
+            lo, opt, hi = (int(expr.subs({symbol(n): v for n, v in points[w].items()}))
+                           for w in ("min", "opt", "max"))
+            if not lo <= opt <= hi:
+                raise KernelLensError(f"{ir.name}: input {name} dim {text} is not increasing over the "
+                                      f"symbol ranges ({lo}, {opt}, {hi}); no TensorRT profile fits it")
+            dims.append((lo, opt, hi))
+        profile[name] = dims
+    return profile
 
 
 class _TrtTarget(StagedTarget):
