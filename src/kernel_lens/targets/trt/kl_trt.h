@@ -127,4 +127,34 @@ inline void log_error(const std::string& message) {
   if (nvinfer1::ILogger* l = logger()) l->log(nvinfer1::ILogger::Severity::kERROR, message.c_str());
 }
 
+// The workspace bytes of `launch` at these input dims, 0 (logged) when they cannot be computed.
+inline size_t workspace_bytes(const char* plugin, int launch, const std::vector<nvinfer1::Dims>& dims) {
+  size_t bytes = 0;
+  std::string error;
+  if (!workspace(launch, dims.data(), static_cast<int>(dims.size()), &bytes, &error)) {
+    log_error(std::string(plugin) + ": workspace: " + error);
+    return 0;
+  }
+  return bytes;
+}
+
+// A plugin's enqueue, shared by both plugin kinds: 0 on success, -1 (logged) on error.
+inline int32_t enqueue_plugin(const char* plugin, int launch, nvinfer1::PluginTensorDesc const* inputDesc,
+                              nvinfer1::PluginTensorDesc const* outputDesc, void const* const* inputs,
+                              void* const* outputs, void* workspace_ptr, cudaStream_t stream) {
+  const LaunchInfo* info = launch_info(launch);
+  if (info == nullptr) return -1;
+  std::vector<nvinfer1::Dims> dims;
+  for (int i = 0; i < info->nb_inputs; ++i) dims.push_back(inputDesc[i].dims);
+  size_t bytes = 0;
+  std::string error;
+  if (!workspace(launch, dims.data(), info->nb_inputs, &bytes, &error)) error = "workspace: " + error;
+  if (error.empty())
+    error = enqueue(launch, inputDesc, info->nb_inputs, outputDesc, info->nb_outputs, inputs, outputs, workspace_ptr,
+                    bytes, stream);
+  if (error.empty()) return 0;
+  log_error(std::string(plugin) + ": " + error);
+  return -1;
+}
+
 }  // namespace kl_trt
