@@ -83,3 +83,17 @@ def ort_headers():
         subprocess.run([sys.executable, str(ROOT / "scripts" / "fetch_headers.py")], check=True,
                        capture_output=True)
     return find_ort_include()
+
+
+@pytest.fixture(scope="session")
+def trt_headers():
+    """TensorRT headers (and the CUDA runtime headers they include) for tests that compile
+    against them, fetched by the repo's own script (cached) unless TENSORRT_INCLUDE_DIR is set."""
+    import subprocess
+
+    from kernel_lens.toolchain.headers import find_cuda_include, find_tensorrt_include
+
+    if "TENSORRT_INCLUDE_DIR" not in os.environ:
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "fetch_headers.py"), "--trt"],
+                       check=True, capture_output=True)
+    return find_tensorrt_include(), find_cuda_include()

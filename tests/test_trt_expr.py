@@ -15,7 +15,7 @@ import sympy
 from kernel_lens.codegen.trt_expr import to_trt
 from kernel_lens.errors import SymbolicError
 from kernel_lens.ir import parse
-from kernel_lens.toolchain import compilers, headers
+from kernel_lens.toolchain import compilers
 
 NAMES = ["s0", "s1", "s2"]
 TRT_TESTS = Path(__file__).parent / "trt"  # eval_builder.h: an IExprBuilder that evaluates
@@ -49,8 +49,8 @@ int main(int argc, char** argv) {
 
 
 @pytest.fixture(scope="module")
-def harness(tmp_path_factory):
-    trt, cuda = headers.find_tensorrt_include(), headers.find_cuda_include()
+def harness(tmp_path_factory, trt_headers):
+    trt, cuda = trt_headers
     symbols = {sympy.Symbol(n, integer=True, nonnegative=True): n for n in NAMES}
     lines = "\n".join(f'    std::printf("%lld\\n", static_cast<long long>(({to_trt(parse(e, NAMES), symbols)})->getConstantValue()));'
                       for e in EXPRESSIONS)

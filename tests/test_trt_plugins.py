@@ -20,7 +20,7 @@ from kernel_lens.codegen.plan import build_plan
 from kernel_lens.errors import UnsupportedKernelError
 from kernel_lens.ir import DType, evaluate, parse
 from kernel_lens.targets.trt.target import plugin_names, trt_onnx, trt_sources
-from kernel_lens.toolchain import compilers, headers
+from kernel_lens.toolchain import compilers
 from kernel_lens.toolchain.build import build_shared_library
 
 from conftest import corpus_files, example_files, load_module
@@ -32,9 +32,9 @@ TRT_TYPES = {DType.fp32: 0, DType.fp16: 1, DType.i8: 2, DType.i32: 3, DType.i1: 
 
 
 @pytest.fixture(scope="module")
-def harness(tmp_path_factory):
+def harness(tmp_path_factory, trt_headers):
     exe = tmp_path_factory.mktemp("harness") / "harness"
-    trt, cuda = headers.find_tensorrt_include(), headers.find_cuda_include()
+    trt, cuda = trt_headers
     subprocess.run([compilers.find_cxx(), "-std=c++17", "-Wall", "-Wextra", "-Werror", "-O1",
                     "-isystem", str(trt), "-isystem", str(cuda), f"-I{HERE}", str(HERE / "harness.cpp"),
                     "-o", str(exe), "-ldl"], check=True, capture_output=True, text=True)
@@ -79,7 +79,7 @@ def _cases(ir, plan, values):
 
 
 @pytest.mark.parametrize("stem", sorted(MODELS))
-def test_plugins_build_and_answer_like_the_ir(stem, harness, tmp_path):
+def test_plugins_build_and_answer_like_the_ir(stem, harness, trt_headers, tmp_path):
     ir = _ir(stem)
     plan = build_plan(ir)
     dtypes = {v.dtype for p in plan.launches for v in [*p.inputs, *p.outputs]}
@@ -87,7 +87,7 @@ def test_plugins_build_and_answer_like_the_ir(stem, harness, tmp_path):
         with pytest.raises(UnsupportedKernelError, match="TensorRT has no tensor type"):
             trt_sources(ir, "v3", plan)
         return
-    trt, cuda = headers.find_tensorrt_include(), headers.find_cuda_include()
+    trt, cuda = trt_headers
     model = trt_onnx(ir)
     plugin_nodes = [n for n in model.graph.node if n.domain == "kernel_lens"]
     assert len(plugin_nodes) == len(plan.launches)

@@ -21,7 +21,6 @@ import pytest
 from kernel_lens.codegen.plan import build_plan
 from kernel_lens.onnx.lower import save_onnx
 from kernel_lens.targets.trt.target import optimization_profile, plugin_names, trt_onnx, trt_sources
-from kernel_lens.toolchain import headers
 from kernel_lens.toolchain.build import build_shared_library
 
 from test_trt_plugins import MODELS, TRT_TYPES, _ir
@@ -49,9 +48,9 @@ def _run(jobs, rtx, folder):
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
+def built(tmp_path_factory, trt_headers):
     folder = tmp_path_factory.mktemp("rtx")
-    trt, cuda = headers.find_tensorrt_include(), headers.find_cuda_include()
+    trt, cuda = trt_headers
     out = {}
     for stem in sorted(MODELS):
         ir = _ir(stem)
