@@ -5,10 +5,14 @@ build-time API the way TensorRT does: the exported creator table, creation from 
 serialized blob, output dtypes, output shapes through an evaluating IExprBuilder, format
 support (exact dtype, linear layout only), workspace size, serialization round trips and clone.
 Expected shapes and workspace come from the IR, evaluated at the captured sizes and at other
-sizes in the declared ranges. enqueue needs a GPU: see tests/gpu."""
+sizes in the declared ranges. Then each plugin made from its serialized fields is enqueued on
+host buffers through the fake CUDA driver (tests/fake_cuda): one launch with the IR's grid,
+in-place outputs first filled with their input's bytes. Running kernels needs a GPU."""
 
 from __future__ import annotations
 
+import math
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -26,9 +30,19 @@ from kernel_lens.toolchain.build import build_shared_library
 from conftest import corpus_files, example_files, load_module
 
 HERE = Path(__file__).parent / "trt"
+FAKE = Path(__file__).parent / "fake_cuda" / "fake_cuda.c"
 MODELS = {p.stem: p for p in [*corpus_files(), *example_files()]}
 TRT_TYPES = {DType.fp32: 0, DType.fp16: 1, DType.i8: 2, DType.i32: 3, DType.i1: 4, DType.u8: 5,
              DType.fp8e4nv: 6, DType.bf16: 7, DType.i64: 8}
+
+
+@pytest.fixture(scope="module")
+def fake_driver(tmp_path_factory):
+    """The fake CUDA driver (tests/fake_cuda): the plugins' enqueue runs on host buffers."""
+    out = tmp_path_factory.mktemp("fake_cuda_trt") / "libfake_cuda.so"
+    subprocess.run(["cc", "-std=c11", "-O1", "-shared", "-fPIC", str(FAKE), "-o", str(out)],
+                   check=True, capture_output=True, text=True)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -59,27 +73,50 @@ def _size_sets(ir):
 
 
 def _cases(ir, plan, values):
+    """The harness's input, and per launch what it must print: the build-time answers, then the
+    enqueue through the fake driver (status 0, one launch with the IR's grid, in-place outputs
+    holding their input's bytes, other outputs untouched: the fake runs no kernel)."""
     lines, expected = [], []
     names = plugin_names(ir, plan)
     for launch in plan.launches:
         fields = [names[launch.kernel], str(launch.index), str(len(launch.inputs)),
                   str(len(launch.outputs))]
-        for value in launch.inputs:
+        in_bytes = []
+        for i, value in enumerate(launch.inputs):
             dims = [evaluate(parse(s, plan.symbols), values) for s in ir.values[value.value].shape]
             fields += [str(TRT_TYPES[value.dtype]), str(len(dims)), *map(str, dims)]
+            in_bytes.append(_pattern(i, math.prod(dims) * value.dtype.itemsize))
         fields += [str(TRT_TYPES[o.dtype]) for o in launch.outputs]
         lines.append(" ".join(fields))
-        outs = []
+        outs, out_bytes = [], []
         for o in launch.outputs:
             dims = [evaluate(parse(s, plan.symbols), values) for s in o.shape]
             outs += [str(len(dims)), *map(str, dims)]
+            size = math.prod(dims) * o.dtype.itemsize
+            out_bytes.append(in_bytes[o.copy_from][:size] if o.copy_from is not None else bytes(size))
         workspace = evaluate(parse(launch.workspace, plan.symbols), values)
+        grid = [evaluate(parse(g, plan.symbols), values) for g in launch.grid]
+        launched = int(all(grid))
+        copies = sum(o.copy_from is not None for o in launch.outputs)
         expected.append(" ".join(["ok", str(launch.index), str(workspace), *outs]))
+        expected.append(" ".join(["enqueue", "0", str(launched), *(map(str, grid) if launched else ["0"] * 3),
+                                  str(copies), *map(_fnv, in_bytes), "/", *map(_fnv, out_bytes)]))
     return "\n".join(lines) + "\n", expected
 
 
+def _pattern(i: int, size: int) -> bytes:  # what the harness writes into input i
+    return bytes((k * 7 + 3 + i * 31) & 0xFF for k in range(size))
+
+
+def _fnv(data: bytes) -> str:
+    h = 1469598103934665603
+    for c in data:
+        h = ((h ^ c) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return str(h)
+
+
 @pytest.mark.parametrize("stem", sorted(MODELS))
-def test_plugins_build_and_answer_like_the_ir(stem, harness, trt_headers, tmp_path):
+def test_plugins_build_and_answer_like_the_ir(stem, harness, trt_headers, fake_driver, tmp_path):
     ir = _ir(stem)
     plan = build_plan(ir)
     dtypes = {v.dtype for p in plan.launches for v in [*p.inputs, *p.outputs]}
@@ -102,8 +139,9 @@ def test_plugins_build_and_answer_like_the_ir(stem, harness, trt_headers, tmp_pa
                                    include_dirs=[trt, cuda], cache_dir=tmp_path)
         for values in _size_sets(ir):
             cases, expected = _cases(ir, plan, values)
+            env = {**os.environ, "KERNEL_LENS_TEST_CUDA_DRIVER": str(fake_driver)}
             out = subprocess.run([str(harness), kind, str(lib)], input=cases, capture_output=True,
-                                 text=True, timeout=120, check=True).stdout.splitlines()
+                                 text=True, timeout=120, check=True, env=env).stdout.splitlines()
             assert out[0] == f"creators {len(kernels)}", (stem, kind)
             assert out[1:] == expected, (stem, kind, values)
 

@@ -8,8 +8,16 @@
 // output: dtype. For each case it prints one line:
 //   ok <launch> <workspace bytes> <output dims as rank d0 d1 ...>...
 // or `error <message>`.
+//
+// With KERNEL_LENS_TEST_CUDA_DRIVER naming the fake driver (tests/fake_cuda/fake_cuda.c), each
+// case is then also enqueued on host buffers (the fake's device memory), the way TensorRT calls
+// it, and a second line follows:
+//   enqueue <status 0|-1> <launches> <grid x y z of the last launch> <copies> <fnv of each input> / <fnv of each output>
+// (inputs hold a byte pattern, outputs start zeroed: the fake runs no kernel, so an output
+// equals an input exactly when the launch copied it there, as in-place kernels must).
 #include <dlfcn.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <sstream>
@@ -52,6 +60,90 @@ bool read_case(std::istream& in, Case* c) {
 }
 
 DataType other_type(DataType t) { return t == DataType::kFLOAT ? DataType::kHALF : DataType::kFLOAT; }
+
+// ---- enqueue through the fake driver -------------------------------------------------------------
+struct Fake {
+  void (*set_context)(void*, unsigned long long) = nullptr;
+  int (*launch_count)() = nullptr;
+  int (*launch_info)(int, unsigned*) = nullptr;
+  int (*copy_count)() = nullptr;
+};
+
+Fake* fake() {
+  static Fake f;
+  static bool loaded = false;
+  if (!loaded) {
+    loaded = true;
+    const char* path = std::getenv("KERNEL_LENS_TEST_CUDA_DRIVER");
+    void* lib = path != nullptr ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : nullptr;
+    if (lib != nullptr) {
+      f.set_context = reinterpret_cast<void (*)(void*, unsigned long long)>(dlsym(lib, "fake_set_context"));
+      f.launch_count = reinterpret_cast<int (*)()>(dlsym(lib, "fake_launch_count"));
+      f.launch_info = reinterpret_cast<int (*)(int, unsigned*)>(dlsym(lib, "fake_launch_info"));
+      f.copy_count = reinterpret_cast<int (*)()>(dlsym(lib, "fake_copy_count"));
+      static int context = 0;
+      f.set_context(&context, 1);  // every stream's context
+    }
+  }
+  return f.set_context != nullptr ? &f : nullptr;
+}
+
+size_t itemsize(DataType t) {
+  switch (t) {
+    case DataType::kFLOAT: case DataType::kINT32: return 4;
+    case DataType::kHALF: case DataType::kBF16: return 2;
+    case DataType::kINT64: return 8;
+    default: return 1;
+  }
+}
+
+size_t nbytes(const PluginTensorDesc& d) {
+  size_t n = itemsize(d.type);
+  for (int k = 0; k < d.dims.nbDims; ++k) n *= static_cast<size_t>(d.dims.d[k]);
+  return n;
+}
+
+std::string fnv(const std::vector<unsigned char>& data) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : data) h = (h ^ c) * 1099511628211ull;
+  return std::to_string(h);
+}
+
+// Calls `enqueue(in, out, inputs, outputs, workspace, stream)` on host buffers; the result line.
+template <typename Enqueue>
+std::string enqueue_line(const std::vector<PluginTensorDesc>& io, int nb_in, size_t workspace, Enqueue enqueue) {
+  Fake* f = fake();
+  std::vector<std::vector<unsigned char>> buffers;
+  for (size_t i = 0; i < io.size(); ++i) {
+    std::vector<unsigned char> b(nbytes(io[i]) + 16);
+    if (static_cast<int>(i) < nb_in)
+      for (size_t k = 0; k < b.size(); ++k) b[k] = static_cast<unsigned char>(k * 7 + 3 + i * 31);
+    buffers.push_back(b);
+  }
+  std::vector<void const*> inputs;
+  std::vector<void*> outputs;
+  for (size_t i = 0; i < io.size(); ++i) {
+    if (static_cast<int>(i) < nb_in) inputs.push_back(buffers[i].data());
+    else outputs.push_back(buffers[i].data());
+  }
+  std::vector<unsigned char> ws(workspace + 1);
+  static int stream_object = 0;
+  const int before = f->launch_count(), copies = f->copy_count();
+  const int32_t status = enqueue(io.data(), io.data() + nb_in, inputs.data(), outputs.data(), ws.data(),
+                                 reinterpret_cast<cudaStream_t>(&stream_object));
+  const int launches = f->launch_count() - before;
+  unsigned info[7] = {0, 0, 0, 0, 0, 0, 0};
+  if (launches > 0) f->launch_info(f->launch_count() - 1, info);
+  std::string line = "enqueue " + std::to_string(status) + " " + std::to_string(launches) + " " +
+                     std::to_string(info[0]) + " " + std::to_string(info[1]) + " " + std::to_string(info[2]) + " " +
+                     std::to_string(f->copy_count() - copies);
+  for (size_t i = 0; i < io.size(); ++i) {
+    if (static_cast<int>(i) == nb_in) line += " /";
+    std::vector<unsigned char> used(buffers[i].begin(), buffers[i].begin() + static_cast<long>(nbytes(io[i])));
+    line += " " + fnv(used);
+  }
+  return line;
+}
 
 std::string dims_text(const std::vector<std::vector<int64_t>>& outs) {
   std::ostringstream s;
@@ -169,6 +261,9 @@ std::string run_v3(IPluginCreatorInterface* const* creators, int32_t n, const Ca
   std::vector<std::vector<int64_t>> outs2;
   e = shapes_v3(again, c, &outs2);
   if (!e.empty() || outs2 != outs) return "fields round trip changed the plugin";
+  std::string enqueued;  // the plugin made from the serialized fields runs, as after deserialization
+  if (fake() != nullptr)
+    enqueued = "\n" + enqueue_line(plain, nb_in, ws, [&](auto... a) { return again.runtime->enqueue(a...); });
   V3 copy{};
   if (!unpack(v.plugin->clone(), &copy)) return "clone";
   delete v.plugin;  // clone is deep: the copy works after the original is gone
@@ -179,7 +274,7 @@ std::string run_v3(IPluginCreatorInterface* const* creators, int32_t n, const Ca
   delete copy.plugin;
   delete again.plugin;
   delete attached.plugin;
-  *line = "ok " + std::to_string(c.launch) + " " + std::to_string(ws) + dims_text(outs);
+  *line = "ok " + std::to_string(c.launch) + " " + std::to_string(ws) + dims_text(outs) + enqueued;
   return {};
 }
 
@@ -251,9 +346,11 @@ std::string run_v2(IPluginCreator* const* creators, int32_t n, const Case& c, st
   p->destroy();
   e = shapes_v2(copy, c, &outs2);
   if (copy == nullptr || !e.empty() || outs2 != outs) return "clone differs";
+  *line = "ok " + std::to_string(c.launch) + " " + std::to_string(ws) + dims_text(outs);
+  if (fake() != nullptr)
+    *line += "\n" + enqueue_line(io, nb_in, ws, [&](auto... a) { return again->enqueue(a...); });
   copy->destroy();
   again->destroy();
-  *line = "ok " + std::to_string(c.launch) + " " + std::to_string(ws) + dims_text(outs);
   return {};
 }
 
