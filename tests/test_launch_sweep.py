@@ -301,5 +301,6 @@ def test_a_dim_that_is_a_multiple_of_its_symbol_is_checked(fake_driver, tmp_path
     ok = model.run(fake_driver, 0, [shape], [4], [0], [8], tmp_path)
     assert not ok["status"] and ok["launches"] == "1", ok
     out = model.run(fake_driver, 0, [[10, 193]], [4], [0], [8], tmp_path)
-    assert "not of the form the model was compiled for (ctx.dim(0, 1) % 2 == 0 fails)" in out["status"]
+    assert ("input 0 dim 1 is 193, not of the form the model was compiled for: size must be a "
+            "multiple of 2 (dimension s1 = size / 2)") in out["status"], out
     assert out["launches"] == "0" and out["loads"] == "0", out
