@@ -189,8 +189,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         for name in args.target:
             target = get_target(name)
             if args.stop_after not in target.stages:
-                raise KernelLensError(f"target {name!r} has no stage {args.stop_after!r}; its "
-                                      f"stages: {', '.join(target.stages)}")
+                raise target.no_stage(args.stop_after)
     compiled = _compile(args, dump_after=args.dump_after,
                         dump=dump_to_dir(out / "dumps") if args.dump_after else None)
     paths = compiled.write(out, args.target, stop_after=args.stop_after)

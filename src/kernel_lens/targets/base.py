@@ -45,8 +45,12 @@ class Target(ABC):
         """:meth:`build`, or only its stages up to ``stop_after`` (their outputs written)."""
         if stop_after is None or stop_after == self.stages[-1]:
             return self.build(ir, out_dir)
-        raise KernelLensError(f"target {self.name!r} has no stage {stop_after!r}; its stages: "
-                              f"{', '.join(self.stages)}")
+        raise self.no_stage(stop_after)
+
+    def no_stage(self, stage: str) -> KernelLensError:
+        """The error for a stage this target does not have."""
+        return KernelLensError(f"target {self.name!r} has no stage {stage!r}; its stages: "
+                               f"{', '.join(self.stages)}")
 
     def runner(self, ir: GraphIR, artifacts: dict[str, Path], **options: Any) -> Runner:
         """A runner over the artifacts :meth:`build` returned (by kind). Targets that only
@@ -70,8 +74,7 @@ class StagedTarget(Target):
     def build_until(self, ir: GraphIR, out_dir: Path, stop_after: str | None = None) -> dict[str, Path]:
         stop = stop_after or self.stages[-1]
         if stop not in self.stages:
-            raise KernelLensError(f"target {self.name!r} has no stage {stop!r}; its stages: "
-                                  f"{', '.join(self.stages)}")
+            raise self.no_stage(stop)
         artifacts: dict[str, Path] = {}
         state: dict[str, Any] = {}
         for stage in self.stages:
@@ -80,6 +83,15 @@ class StagedTarget(Target):
             if stage == stop:
                 break
         return artifacts
+
+    @staticmethod
+    def write_sources(out_dir: Path, folder: str, sources: dict[str, str]) -> dict[str, Path]:
+        """Write generated sources into ``out_dir/folder`` (an ``emit`` stage that is the last
+        one run); the artifacts ``source.<file>``."""
+        from ..fileio import atomic_write, ensure_folder, inside
+
+        src = ensure_folder(inside(out_dir, folder))
+        return {f"source.{name}": atomic_write(inside(src, name), text) for name, text in sources.items()}
 
 
 _registered: dict[str, type[Target]] = {}

@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 
 from ...errors import KernelLensError
-from ...fileio import atomic_copy, atomic_write, ensure_folder, inside
+from ...fileio import atomic_copy, ensure_folder, inside
 from ...ir import GraphIR
 from ...onnx.lower import lower_to_onnx_cached, save_onnx
 from ...toolchain.build import build_shared_library
@@ -55,10 +55,7 @@ class OrtTarget(StagedTarget):
         state["api"] = api = ort_api_version(include)
         state["include"] = include
         state["sources"] = sources = ort_sources(ir, api)
-        if not state["final"]:
-            return {}
-        src = ensure_folder(inside(out_dir, "src"))
-        return {f"source.{name}": atomic_write(inside(src, name), text) for name, text in sources.items()}
+        return self.write_sources(out_dir, "src", sources) if state["final"] else {}
 
     def stage_build(self, ir: GraphIR, out_dir: Path, state: dict) -> dict[str, Path]:
         api = state["api"]

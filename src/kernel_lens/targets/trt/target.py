@@ -27,7 +27,7 @@ from ...codegen.cxx import to_cxx
 from ...codegen.plan import ModelPlan, SymbolRead, build_plan
 from ...codegen.trt_expr import TrtExprPrinter
 from ...errors import KernelLensError, UnsupportedKernelError
-from ...fileio import atomic_copy, atomic_write, ensure_folder, inside
+from ...fileio import atomic_copy, ensure_folder, inside
 from ...ir import DType, GraphIR, parse, symbol
 from ...onnx.lower import DOMAIN, MIN_OPSET, lower_to_onnx_cached, save_onnx
 from ...toolchain.build import build_shared_library
@@ -103,10 +103,10 @@ def trt_sources(ir: GraphIR, kind: str, plan: ModelPlan | None = None) -> dict[s
     }
 
 
-def trt_onnx(ir: GraphIR) -> onnx.ModelProto:
+def trt_onnx(ir: GraphIR, plan: ModelPlan | None = None) -> onnx.ModelProto:
     """The lowered graph with each kernel node named after its plugin, for TensorRT's parser."""
     model = onnx.ModelProto.FromString(lower_to_onnx_cached(ir, opset=OPSET).SerializeToString())
-    names = plugin_names(ir)
+    names = plugin_names(ir, plan)
     for node in model.graph.node:
         if node.domain == DOMAIN:
             node.op_type = names[node.op_type]
@@ -157,19 +157,17 @@ class _TrtTarget(StagedTarget):
     def stage_lower(self, ir: GraphIR, out_dir: Path, state: dict) -> dict[str, Path]:
         ensure_folder(out_dir)
         path = inside(out_dir, f"{ir.name}.trt.onnx")
-        save_onnx(trt_onnx(ir), path)
+        state["plan"] = plan = build_plan(ir)  # the emit stage prints from the same plan
+        save_onnx(trt_onnx(ir, plan), path)
         return {"onnx": path}
 
     def stage_emit(self, ir: GraphIR, out_dir: Path, state: dict) -> dict[str, Path]:
         include = find_tensorrt_include()
         version = tensorrt_version(include)
         self.check_version(version)
-        state.update(include=include, version=version, sources=trt_sources(ir, self.kind))
-        if not state["final"]:
-            return {}
-        src = ensure_folder(inside(out_dir, f"src_trt_{self.kind}"))
-        return {f"source.{name}": atomic_write(inside(src, name), text)
-                for name, text in state["sources"].items()}
+        state.update(include=include, version=version,
+                     sources=trt_sources(ir, self.kind, state["plan"]))
+        return self.write_sources(out_dir, f"src_trt_{self.kind}", state["sources"]) if state["final"] else {}
 
     def stage_build(self, ir: GraphIR, out_dir: Path, state: dict) -> dict[str, Path]:
         name = f"kl_{ir.name}_trt_{self.kind}"
