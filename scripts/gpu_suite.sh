@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU host after staging (see ../shared/docs/environment.md). Usage:
-#   bash scripts/gpu_suite.sh PART        PART: ort | hf | capture | all
+#   bash scripts/gpu_suite.sh PART        PART: ort | hf | capture | trt | all
+# (trt: the TensorRT plugins' enqueue, in 4 processes, each a shard of the models)
 # Logs and a JUnit XML go to $OUT (or ./gpu_out). kernel_lens runs from src/; its entry points
 # (the target registry) come from a minimal dist-info, so nothing is pip-installed.
 set -uo pipefail
@@ -19,6 +20,16 @@ export PYTHONPATH="$PWD/src:/tmp/kl-ep:$PYTHONPATH"
 case "${1:-all}" in
   ort) tests=(tests/gpu/test_gpu_ort.py) ;;
   hf) tests=(tests/gpu/test_gpu_hf.py tests/gpu/test_gpu_runtime.py) ;;
+  trt)
+    for k in 0 1 2 3; do
+      KL_GPU_SHARD=$k/4 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_gpu_trt.py \
+        --junitxml="$out/junit-trt-$k.xml" > "$out/pytest-trt-$k.log" 2>&1 &
+    done
+    rc=0; for k in 0 1 2 3; do wait -n || rc=1; done
+    cat "$out"/pytest-trt-?.log > "$out/pytest-trt.log"
+    grep -E "max_abs_diff" "$out/pytest-trt.log" > "$out/diffs-trt.txt"
+    grep -hE "passed|failed|error" "$out"/pytest-trt-?.log | tail -8
+    exit $rc ;;
   capture) tests=(tests/gpu/test_gpu_capture.py tests/test_corpus.py tests/test_capture.py tests/test_hardening.py tests/test_runtime_cpp.py) ;;
   *) tests=(tests/gpu tests/test_corpus.py tests/test_capture.py tests/test_hardening.py) ;;
 esac

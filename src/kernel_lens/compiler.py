@@ -71,7 +71,7 @@ class CompiledModel:
 
     def runner(self, backend: str | None = None, *, cuda_graph: bool | None = None) -> Any:
         """The target's runner over this model's artifacts (made once, then reused)."""
-        from .targets.base import get_target
+        from .targets.base import available_targets, get_target
 
         built = self.backends()
         if backend is None:
@@ -81,8 +81,16 @@ class CompiledModel:
                                            "no target was built; compile with targets=['ort']"))
             backend = built[0]
         if backend not in built:
-            raise KernelLensError(f"{self.ir.name} was not built for backend {backend!r} (built: "
-                                  f"{built or 'none'}); compile with targets=[{backend!r}]")
+            named = [b for b in built if backend in get_target(b).aliases]
+            if len(named) > 1:
+                raise KernelLensError(f"{self.ir.name}: backend {backend!r} could be any of {named}; "
+                                      f"pick one with backend=")
+            if not named:
+                target = backend if backend in available_targets() else next(
+                    (t for t in available_targets() if backend in get_target(t).aliases), backend)
+                raise KernelLensError(f"{self.ir.name} was not built for backend {backend!r} (built: "
+                                      f"{built or 'none'}); compile with targets=[{target!r}]")
+            backend = named[0]
         graph = self.cuda_graph if cuda_graph is None else bool(cuda_graph)
         key = (backend, graph)
         if key not in self._runners:
@@ -94,8 +102,9 @@ class CompiledModel:
 
     def run(self, *tensors: Any, out: Any = None, backend: str | None = None,
             cuda_graph: bool | None = None) -> Any:
-        """Run the compiled model on torch CUDA tensors with a target's runner (``backend``:
-        default, the only target built; ``cuda_graph``: the ORT CUDA-graph mode)."""
+        """Run the compiled model on torch CUDA tensors with a target's runner (``backend``: a
+        target built, or an alias: "onnxruntime", "tensorrt"; default, the only target built;
+        ``cuda_graph``: the ORT CUDA-graph mode)."""
         return self.runner(backend, cuda_graph=cuda_graph).run(*tensors, out=out)
 
     def save(self, directory: str | Path) -> "CompiledModel":

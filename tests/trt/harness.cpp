@@ -15,8 +15,16 @@
 //   enqueue <status 0|-1> <launches> <grid x y z of the last launch> <copies> <fnv of each input> / <fnv of each output>
 // (inputs hold a byte pattern, outputs start zeroed: the fake runs no kernel, so an output
 // equals an input exactly when the launch copied it there, as in-place kernels must).
+//
+// On a GPU host, with KERNEL_LENS_TRT_GPU_IO naming a folder, each case instead runs on the real
+// CUDA driver (libcuda.so.1): case K's input I is read from K.inI (raw bytes) into a device
+// buffer of exactly its size, outputs are device buffers of exactly their size filled with 0xA5
+// (so bytes a kernel fails to write show), the workspace is allocated from getWorkspaceSize, the
+// plugin is enqueued on a stream of its own, and output J is written to K.<kind>.outJ. The second
+// line is then `gpu <status>`. Buffers are exact so that compute-sanitizer sees any overrun.
 #include <dlfcn.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -145,6 +153,137 @@ std::string enqueue_line(const std::vector<PluginTensorDesc>& io, int nb_in, siz
   return line;
 }
 
+// ---- enqueue on a GPU through the real driver -------------------------------------------------
+struct Gpu {
+  std::string dir;
+  int (*cuInit)(unsigned) = nullptr;
+  int (*cuDeviceGet)(int*, int) = nullptr;
+  int (*cuDevicePrimaryCtxRetain)(void**, int) = nullptr;
+  int (*cuCtxSetCurrent)(void*) = nullptr;
+  int (*cuStreamCreate)(void**, unsigned) = nullptr;
+  int (*cuStreamSynchronize)(void*) = nullptr;
+  int (*cuMemAlloc)(unsigned long long*, size_t) = nullptr;
+  int (*cuMemFree)(unsigned long long) = nullptr;
+  int (*cuMemcpyHtoD)(unsigned long long, const void*, size_t) = nullptr;
+  int (*cuMemcpyDtoH)(void*, unsigned long long, size_t) = nullptr;
+  int (*cuMemsetD8)(unsigned long long, unsigned char, size_t) = nullptr;
+  void* stream = nullptr;
+};
+
+template <typename F>
+void load(void* lib, const char* name, F* fn) {
+  *fn = reinterpret_cast<F>(dlsym(lib, name));
+  if (*fn == nullptr) {
+    std::cerr << "libcuda.so.1 has no " << name << "\n";
+    std::exit(2);
+  }
+}
+
+void check(int status, const char* what) {
+  if (status != 0) {
+    std::cerr << what << " failed: CUDA error " << status << "\n";
+    std::exit(2);
+  }
+}
+
+Gpu* gpu() {
+  static Gpu g;
+  static bool loaded = false;
+  if (!loaded) {
+    loaded = true;
+    const char* dir = std::getenv("KERNEL_LENS_TRT_GPU_IO");
+    if (dir == nullptr) return nullptr;
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      std::cerr << "KERNEL_LENS_TRT_GPU_IO is set but libcuda.so.1 does not load: " << dlerror() << "\n";
+      std::exit(2);
+    }
+    g.dir = dir;
+    load(lib, "cuInit", &g.cuInit);
+    load(lib, "cuDeviceGet", &g.cuDeviceGet);
+    load(lib, "cuDevicePrimaryCtxRetain", &g.cuDevicePrimaryCtxRetain);
+    load(lib, "cuCtxSetCurrent", &g.cuCtxSetCurrent);
+    load(lib, "cuStreamCreate", &g.cuStreamCreate);
+    load(lib, "cuStreamSynchronize", &g.cuStreamSynchronize);
+    load(lib, "cuMemAlloc_v2", &g.cuMemAlloc);
+    load(lib, "cuMemFree_v2", &g.cuMemFree);
+    load(lib, "cuMemcpyHtoD_v2", &g.cuMemcpyHtoD);
+    load(lib, "cuMemcpyDtoH_v2", &g.cuMemcpyDtoH);
+    load(lib, "cuMemsetD8_v2", &g.cuMemsetD8);
+    int device = 0;
+    void* context = nullptr;
+    check(g.cuInit(0), "cuInit");
+    check(g.cuDeviceGet(&device, 0), "cuDeviceGet");
+    check(g.cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain");
+    check(g.cuCtxSetCurrent(context), "cuCtxSetCurrent");
+    check(g.cuStreamCreate(&g.stream, 1 /* CU_STREAM_NON_BLOCKING: not the legacy stream */), "cuStreamCreate");
+  }
+  return g.dir.empty() ? nullptr : &g;
+}
+
+int g_case = 0;  // the case being run (names its files)
+
+// A device buffer of exactly `bytes` bytes (none for 0 bytes).
+unsigned long long device_alloc(Gpu* g, size_t bytes) {
+  unsigned long long p = 0;
+  if (bytes > 0) check(g->cuMemAlloc(&p, bytes), "cuMemAlloc");
+  return p;
+}
+
+// Runs `enqueue(in, out, inputs, outputs, workspace, stream)` on device buffers; the result line.
+template <typename Enqueue>
+std::string gpu_line(const std::vector<PluginTensorDesc>& io, int nb_in, size_t workspace, const std::string& kind,
+                     Enqueue enqueue) {
+  Gpu* g = gpu();
+  std::vector<unsigned long long> buffers;
+  for (size_t i = 0; i < io.size(); ++i) {
+    const size_t n = nbytes(io[i]);
+    buffers.push_back(device_alloc(g, n));
+    if (static_cast<int>(i) < nb_in) {
+      const std::string path = g->dir + "/" + std::to_string(g_case) + ".in" + std::to_string(i);
+      std::FILE* f = std::fopen(path.c_str(), "rb");
+      std::vector<unsigned char> data(n);
+      if (f == nullptr || std::fread(data.data(), 1, n, f) != n) {
+        std::cerr << "cannot read " << n << " bytes from " << path << "\n";
+        std::exit(2);
+      }
+      std::fclose(f);
+      if (n > 0) check(g->cuMemcpyHtoD(buffers.back(), data.data(), n), "cuMemcpyHtoD");
+    } else if (n > 0) {
+      check(g->cuMemsetD8(buffers.back(), 0xA5, n), "cuMemsetD8");
+    }
+  }
+  const unsigned long long ws = device_alloc(g, workspace);
+  std::vector<void const*> inputs;
+  std::vector<void*> outputs;
+  for (size_t i = 0; i < io.size(); ++i) {
+    void* p = reinterpret_cast<void*>(static_cast<uintptr_t>(buffers[i]));
+    if (static_cast<int>(i) < nb_in) inputs.push_back(p);
+    else outputs.push_back(p);
+  }
+  const int32_t status = enqueue(io.data(), io.data() + nb_in, inputs.data(), outputs.data(),
+                                 reinterpret_cast<void*>(static_cast<uintptr_t>(ws)),
+                                 static_cast<cudaStream_t>(g->stream));
+  check(g->cuStreamSynchronize(g->stream), "cuStreamSynchronize");
+  for (size_t i = static_cast<size_t>(nb_in); i < io.size(); ++i) {
+    const size_t n = nbytes(io[i]);
+    std::vector<unsigned char> data(n);
+    if (n > 0) check(g->cuMemcpyDtoH(data.data(), buffers[i], n), "cuMemcpyDtoH");
+    const std::string path = g->dir + "/" + std::to_string(g_case) + "." + kind + ".out" +
+                             std::to_string(i - static_cast<size_t>(nb_in));
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    if (f == nullptr || std::fwrite(data.data(), 1, n, f) != n) {
+      std::cerr << "cannot write " << path << "\n";
+      std::exit(2);
+    }
+    std::fclose(f);
+  }
+  for (unsigned long long p : buffers)
+    if (p != 0) check(g->cuMemFree(p), "cuMemFree");
+  if (ws != 0) check(g->cuMemFree(ws), "cuMemFree");
+  return "gpu " + std::to_string(status);
+}
+
 std::string dims_text(const std::vector<std::vector<int64_t>>& outs) {
   std::ostringstream s;
   for (const auto& o : outs) {
@@ -261,9 +400,16 @@ std::string run_v3(IPluginCreatorInterface* const* creators, int32_t n, const Ca
   std::vector<std::vector<int64_t>> outs2;
   e = shapes_v3(again, c, &outs2);
   if (!e.empty() || outs2 != outs) return "fields round trip changed the plugin";
-  std::string enqueued;  // the plugin made from the serialized fields runs, as after deserialization
-  if (fake() != nullptr)
-    enqueued = "\n" + enqueue_line(plain, nb_in, ws, [&](auto... a) { return again.runtime->enqueue(a...); });
+  // What TensorRT runs after deserializing an engine: the plugin made from the serialized fields,
+  // attached to its execution context, told the shapes, then enqueued.
+  V3 running{};
+  if (!unpack(again.runtime->attachToContext(nullptr), &running)) return "attachToContext";
+  if (running.runtime->onShapeChange(plain.data(), nb_in, plain.data() + nb_in, nb_out) != 0) return "onShapeChange";
+  auto enqueue = [&](auto... a) { return running.runtime->enqueue(a...); };
+  std::string enqueued;
+  if (gpu() != nullptr) enqueued = "\n" + gpu_line(plain, nb_in, ws, "v3", enqueue);
+  else if (fake() != nullptr) enqueued = "\n" + enqueue_line(plain, nb_in, ws, enqueue);
+  delete running.plugin;
   V3 copy{};
   if (!unpack(v.plugin->clone(), &copy)) return "clone";
   delete v.plugin;  // clone is deep: the copy works after the original is gone
@@ -347,8 +493,15 @@ std::string run_v2(IPluginCreator* const* creators, int32_t n, const Case& c, st
   e = shapes_v2(copy, c, &outs2);
   if (copy == nullptr || !e.empty() || outs2 != outs) return "clone differs";
   *line = "ok " + std::to_string(c.launch) + " " + std::to_string(ws) + dims_text(outs);
-  if (fake() != nullptr)
-    *line += "\n" + enqueue_line(io, nb_in, ws, [&](auto... a) { return again->enqueue(a...); });
+  // What TensorRT runs after deserializing an engine: the deserialized plugin, configured, enqueued.
+  std::vector<DynamicPluginTensorDesc> dyn(io.size());
+  for (size_t i = 0; i < io.size(); ++i) dyn[i].desc = io[i], dyn[i].min = dyn[i].opt = dyn[i].max = io[i].dims;
+  again->configurePlugin(dyn.data(), nb_in, dyn.data() + nb_in, nb_out);
+  if (again->initialize() != 0) return "initialize";
+  auto enqueue = [&](auto... a) { return again->enqueue(a...); };
+  if (gpu() != nullptr) *line += "\n" + gpu_line(io, nb_in, ws, "v2", enqueue);
+  else if (fake() != nullptr) *line += "\n" + enqueue_line(io, nb_in, ws, enqueue);
+  again->terminate();
   copy->destroy();
   again->destroy();
   return {};
@@ -391,6 +544,7 @@ int main(int argc, char** argv) {
     }
     std::cout << (error.empty() ? line : "error " + error) << "\n";
     c = Case{};
+    ++g_case;
   }
   return 0;
 }

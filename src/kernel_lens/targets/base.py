@@ -36,6 +36,8 @@ class Target(ABC):
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     stages: ClassVar[tuple[str, ...]] = ("build",)
+    # other names ``run(backend=...)`` accepts for this target (e.g. "tensorrt" for trt-v3)
+    aliases: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def build(self, ir: GraphIR, out_dir: Path) -> dict[str, Path]:

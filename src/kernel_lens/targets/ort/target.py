@@ -42,6 +42,7 @@ class OrtTarget(StagedTarget):
     ``src/`` only when stopping there), ``build`` (the custom-op library)."""
 
     name = "ort"
+    aliases = ("onnxruntime",)
     description = "ONNX Runtime (CUDA EP): ONNX graph + OrtCustomOp library"
 
     def stage_lower(self, ir: GraphIR, out_dir: Path, state: dict) -> dict[str, Path]:

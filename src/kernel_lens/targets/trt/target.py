@@ -147,6 +147,7 @@ def optimization_profile(ir: GraphIR) -> dict[str, list[tuple[int, int, int]]]:
 
 class _TrtTarget(StagedTarget):
     kind = "v3"
+    aliases = ("tensorrt",)
 
     def check_version(self, version: str) -> None:
         major = int(version.split(".")[0])
@@ -177,6 +178,24 @@ class _TrtTarget(StagedTarget):
         path = atomic_copy(library, inside(out_dir, f"lib{name}.so"))
         log.info("%s: wrote %s", self.name, path)
         return {"library": path}
+
+
+    def runner(self, ir: GraphIR, artifacts: dict[str, Path], *, cuda_graph: bool = False,
+               package: str | None = None, **options):
+        """A TensorRT engine over the artifacts (``package``: ``tensorrt`` or ``tensorrt_rtx``;
+        default, the first that imports). Built at the first run, cached per GPU and version."""
+        from ...runtime.trt import TrtModel
+
+        if cuda_graph:
+            raise KernelLensError(f"{self.name} runner: cuda_graph=True is ONNX Runtime's CUDA-graph "
+                                  f"mode; the TensorRT runner has none (run with backend='ort' for it)")
+        if options:
+            raise KernelLensError(f"{self.name} runner: unknown options {sorted(options)}; it takes package")
+        missing = {"onnx", "library"} - set(artifacts)
+        if missing:
+            raise KernelLensError(f"{self.name} runner: artifacts {sorted(missing)} missing; recompile "
+                                  f"with targets=[{self.name!r}]")
+        return TrtModel(ir, artifacts["onnx"], artifacts["library"], package=package)
 
 
 class TrtV3Target(_TrtTarget):
