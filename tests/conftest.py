@@ -97,3 +97,17 @@ def trt_headers():
         subprocess.run([sys.executable, str(ROOT / "scripts" / "fetch_headers.py"), "--trt"],
                        check=True, capture_output=True)
     return find_tensorrt_include(), find_cuda_include()
+
+
+@pytest.fixture(scope="session")
+def rtx():
+    """The environment of a process that runs TensorRT-RTX 1.7.1 (pinned wheels, fetched and
+    cached by scripts/fetch_tensorrt_rtx.py): PYTHONPATH and LD_LIBRARY_PATH."""
+    import re
+    import subprocess
+
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "fetch_tensorrt_rtx.py")],
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr
+    found = dict(re.findall(r"^(TENSORRT_RTX_\w+)=(.+)$", proc.stdout, re.M))
+    return {"PYTHONPATH": found["TENSORRT_RTX_SITE"], "LD_LIBRARY_PATH": found["TENSORRT_RTX_LIB"]}

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,15 +25,6 @@ from kernel_lens.toolchain.build import build_shared_library
 from test_trt_plugins import MODELS, TRT_TYPES, _ir
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def rtx():
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "fetch_tensorrt_rtx.py")],
-                          capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stderr
-    found = dict(re.findall(r"^(TENSORRT_RTX_\w+)=(.+)$", proc.stdout, re.M))
-    return {"PYTHONPATH": found["TENSORRT_RTX_SITE"], "LD_LIBRARY_PATH": found["TENSORRT_RTX_LIB"]}
 
 
 def _run(jobs, rtx, folder):

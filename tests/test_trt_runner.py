@@ -20,7 +20,6 @@ from kernel_lens.errors import KernelLensError
 
 from conftest import load_module
 from test_trt_plugins import MODELS
-from test_trt_rtx import rtx  # noqa: F401  (the fixture)
 
 
 def _compile(stem, folder, targets):
@@ -52,7 +51,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_tensorrt_runner_builds_and_caches_an_engine(rtx, trt_headers, tmp_path):  # noqa: F811
+def test_tensorrt_runner_builds_and_caches_an_engine(rtx, trt_headers, tmp_path):
     folder = tmp_path / "out"
     compiled = _compile("toy_two_kernels", folder, ["trt-v3"])
     assert compiled.backends() == ["trt-v3"]
