@@ -1,0 +1,171 @@
+"""Export a compiled model folder (``kernel_lens compile FILE.py --target ort -o DIR``) as one
+model of a Triton Inference Server model repository::
+
+    REPO/NAME/config.pbtxt                 the model configuration (relative file names only)
+    REPO/NAME/kernel_lens_export.json      what was exported (Triton ignores it)
+    REPO/NAME/1/model.onnx                 the ONNX graph (+ its external-data file, if any)
+    REPO/NAME/1/libkl_<Name>_ort.so        the custom-op library
+    REPO/NAME/1/model.py                   python backend only
+
+``REPO/NAME`` is written into a temporary folder beside it and swapped in whole, so a server
+never sees half an export and a re-export leaves nothing stale; a folder there that an export
+did not write is never replaced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import jinja2
+import onnx
+from pydantic import BaseModel, ConfigDict
+
+from ..errors import ArtifactError, InputError, OutputPathError
+from ..fileio import atomic_copy, atomic_write, ensure_folder, inside, umask
+from ..ir import GraphIR
+from .backends import VERSION, BackendConfig, CompiledArtifacts, get_backend
+from .interface import ModelInterface, check_name, read_interface
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).parent
+MARKER = "kernel_lens_export.json"
+
+
+class TritonExport(BaseModel):
+    """The result of :func:`export_triton`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    backend: str
+    model_dir: Path
+    config: Path
+    files: dict[str, Path]      # NAME/1/ file name -> its path
+    interface: ModelInterface
+    notes: list[str]            # what the deployment needs (printed by the CLI)
+
+
+def _compiled(directory: str | Path) -> tuple[CompiledArtifacts, GraphIR]:
+    from ..compiler import load
+
+    compiled = load(directory)  # validates the manifest: every path lies inside the folder
+    missing = [k for k in ("ort.onnx", "ort.library") if k not in compiled.artifacts]
+    if missing:
+        raise ArtifactError(f"{directory} has no {' / '.join(missing)} artifact: Triton serves the ORT "
+                            f"target's ONNX graph and library; compile with kernel_lens compile "
+                            f"FILE.py --target ort -o {directory}")
+    onnx_path, library = compiled.artifacts["ort.onnx"], compiled.artifacts["ort.library"]
+    check_name(library.stem, f"{directory}: library file name", "recompile into the folder")
+    return CompiledArtifacts(name=compiled.ir.name, onnx=onnx_path, onnx_data=_external_data(onnx_path),
+                             library=library), compiled.ir
+
+
+def _external_data(onnx_path: Path) -> dict[str, Path]:
+    """The external-data files the graph names (weights past 2 GB), each inside its folder."""
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    found: dict[str, Path] = {}
+    for tensor in model.graph.initializer:
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        parts = Path(location).parts
+        if not location or len(parts) != 1 or location in (".", ".."):
+            raise ArtifactError(f"{onnx_path}: initializer {tensor.name!r} keeps its data at "
+                                f"{location!r}; only a file beside the graph is exported (recompile)")
+        path = onnx_path.parent / location
+        if not path.is_file() or not path.resolve().is_relative_to(onnx_path.parent.resolve()):
+            raise ArtifactError(f"{onnx_path}: external data file {path} is missing or lies outside "
+                                f"{onnx_path.parent}; recompile")
+        found[location] = path
+    return found
+
+
+def render_config(name: str, source: CompiledArtifacts, interface: ModelInterface,
+                  config: BackendConfig, backend_name: str, instances: int) -> str:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE)), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+    return env.get_template("config.pbtxt.j2").render(
+        name=name, source_name=source.name, backend_name=backend_name, interface=interface,
+        instances=instances, platform=config.platform, backend=config.backend,
+        default_model_filename=config.default_model_filename, instance_kind=config.instance_kind,
+        parameters=config.parameters, cuda_options=config.cuda_options,
+        op_libraries=config.op_libraries, notes=config.notes)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _check_replaceable(model_dir: Path) -> None:
+    if model_dir.is_symlink() or (model_dir.exists() and not model_dir.is_dir()):
+        raise OutputPathError(f"{model_dir} exists and is not a folder; remove it or pass another --name")
+    if model_dir.is_dir() and not (model_dir / MARKER).is_file():
+        raise OutputPathError(f"{model_dir} exists and was not written by kernel_lens export-triton "
+                              f"(no {MARKER}); remove it or pass another --name")
+
+
+def _write_model_dir(repository: Path, name: str, config_text: str, files: dict[str, Path],
+                     provenance: dict) -> Path:
+    """Write REPO/NAME in a temporary folder beside it, then swap it in whole."""
+    model_dir = inside(repository, name)
+    _check_replaceable(model_dir)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=repository))
+    try:
+        os.chmod(staging, 0o777 & ~umask())
+        version = staging / VERSION
+        version.mkdir()
+        for file_name, source in files.items():
+            mode = 0o755 if file_name.endswith(".so") else 0o644
+            atomic_copy(source, inside(version, file_name), mode=mode)
+        atomic_write(inside(staging, "config.pbtxt"), config_text)
+        atomic_write(inside(staging, MARKER), json.dumps(provenance, indent=1) + "\n")
+        old = None
+        if model_dir.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{name}.old.", dir=repository))
+            os.replace(model_dir, old / name)
+        os.replace(staging, model_dir)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return model_dir
+
+
+def export_triton(directory: str | Path, repository: str | Path, *, name: str | None = None,
+                  backend: str = "onnxruntime", instances: int = 1,
+                  max_batch_size: int = 0) -> TritonExport:
+    """Export the compiled model in ``directory`` as ``REPOSITORY/NAME`` for Triton's ``backend``
+    (``onnxruntime`` or ``python``), with ``instances`` instances per GPU; ``max_batch_size > 0``
+    makes the leading dynamic dim Triton's batch dim (it must lead every input and output)."""
+    from .. import __version__
+
+    kind = get_backend(backend)
+    if isinstance(instances, bool) or not isinstance(instances, int) or instances < 1:
+        raise InputError(f"--instances must be a positive number of instances per GPU, got {instances!r}")
+    source, ir = _compiled(directory)
+    name = check_name(name if name is not None else source.name, "model name",
+                      "pass --name NAME with such a name (it is REPO/NAME and the name clients call)")
+    interface = read_interface(source.onnx, ir, max_batch_size)
+    config = kind.config(source)
+    text = render_config(name, source, interface, config, kind.name, instances)
+    files = kind.version_files(source)
+    provenance = {"kernel_lens": __version__, "backend": kind.name, "model": source.name,
+                  "files": {f: _sha256(p) for f, p in files.items()}}
+    repository = ensure_folder(repository)
+    model_dir = _write_model_dir(repository, name, text, files, provenance)
+    log.info("exported %s to %s (%s backend)", source.name, model_dir, kind.name)
+    return TritonExport(name=name, backend=kind.name, model_dir=model_dir, config=model_dir / "config.pbtxt",
+                        files={f: model_dir / VERSION / f for f in files}, interface=interface,
+                        notes=kind.deployment_notes(model_dir, source))
