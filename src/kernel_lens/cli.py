@@ -99,6 +99,25 @@ def _parser() -> argparse.ArgumentParser:
     _fetch_headers_args(fetch)
     sub.add_parser("doctor", help="report the environment (versions, GPUs, compilers, headers) "
                                   "for a bug report; exit status 0 when the ort target can be built")
+
+    triton = sub.add_parser(
+        "export-triton", help="export a compiled folder as a model of a Triton Inference Server "
+                              "model repository (REPO/NAME/config.pbtxt, REPO/NAME/1/...)",
+        description="Export DIR (made by `kernel_lens compile FILE.py --target ort -o DIR`) as "
+                    "REPO/NAME for Triton's onnxruntime backend or its python backend; see "
+                    "docs/serving.md.")
+    triton.add_argument("directory", metavar="DIR", help="compile output folder (--target ort)")
+    triton.add_argument("-o", "--output", required=True, metavar="REPO",
+                        help="model repository folder (created if missing; other models are kept)")
+    triton.add_argument("--name", default=None, help="model name (default: the compiled model's)")
+    triton.add_argument("--backend", default="onnxruntime", choices=["onnxruntime", "python"],
+                        help="onnxruntime: Triton's ONNX Runtime backend (NVIDIA's containers); "
+                             "python: model.py with onnxruntime-gpu (any tritonserver)")
+    triton.add_argument("--instances", type=int, default=1, metavar="N",
+                        help="model instances per GPU (default 1)")
+    triton.add_argument("--max-batch-size", type=int, default=0, metavar="B",
+                        help="make the leading dynamic dim Triton's batch dim, up to B (default 0: "
+                             "no batching, full dims)")
     return parser
 
 
@@ -214,6 +233,19 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return status
 
 
+def cmd_export_triton(args: argparse.Namespace) -> int:
+    from .serving import export_triton
+
+    result = export_triton(args.directory, args.output, name=args.name, backend=args.backend,
+                           instances=args.instances, max_batch_size=args.max_batch_size)
+    print(f"config: {result.config}")
+    for name, path in result.files.items():
+        print(f"{name}: {path}")
+    for note in result.notes:
+        print(f"note: {note}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from . import _gc
 
@@ -228,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("kernel_lens.toolchain.build", "kernel_lens.frontends.aot", "kernel_lens.compiler"):
             logging.getLogger(name).setLevel(logging.INFO)
     handlers = {"dump-ir": cmd_dump_ir, "passes": cmd_passes, "compile": cmd_compile,
-                "targets": cmd_targets, "fetch-headers": cmd_fetch_headers, "doctor": cmd_doctor}
+                "targets": cmd_targets, "fetch-headers": cmd_fetch_headers, "doctor": cmd_doctor,
+                "export-triton": cmd_export_triton}
     try:
         return handlers[args.command](args)
     except KernelLensError as exc:
