@@ -211,3 +211,40 @@ def test_trt_plugins_enqueue_bit_identical_to_native_triton(name, harness, trt_h
                 got = (tmp_path / f"{case}.{kind}.out{j}").read_bytes()
                 _compare(f"{name} [{kind}{' memcheck' if sanitizer else ''}]", launch, j,
                          launch.outputs[j].dtype, got, want, exact)
+
+
+def _tensorrt_importable():
+    from kernel_lens.errors import KernelLensError
+    from kernel_lens.runtime.trt import import_tensorrt
+
+    try:
+        import_tensorrt()
+        return True
+    except KernelLensError:
+        return False
+
+
+@pytest.mark.skipif(not _tensorrt_importable(),
+                    reason="needs TensorRT's Python package (tensorrt or tensorrt_rtx); none installs "
+                           "for the H200 in this environment")
+@pytest.mark.parametrize("name", ["toy_two_kernels", "llama_block", "inplace_input"])
+def test_run_backend_tensorrt_matches_native(name, tmp_path):
+    """Where a TensorRT runs: the engine through run(backend="tensorrt") against eager."""
+    from test_gpu_ort import _check
+
+    module = load_module(MODELS[name])
+    examples = [t.cuda() for t in module.example_inputs]
+    compiled = kl.compile(_cuda_model(module), [t.clone() for t in examples],
+                          dynamic_shapes=module.dynamic_shapes, targets=["trt"], output_dir=tmp_path)
+
+    class Tensorrt:  # _check calls compiled.run(*inputs) and reads compiled.ir
+        ir = compiled.ir
+
+        @staticmethod
+        def run(*inputs):
+            return compiled.run(*inputs, backend="tensorrt")
+
+    _check(Tensorrt, module, [t.clone() for t in examples])
+    if compiled.ir.symbols:
+        for seed, values in enumerate(_sizes(compiled.ir)):
+            _check(Tensorrt, module, _inputs_at(compiled.ir, examples, values, seed))

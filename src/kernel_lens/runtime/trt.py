@@ -71,7 +71,8 @@ class TrtModel:
         self._builder = self.trt.Builder(self._logger)  # before load_library: its errors are logged
         self._load_library()
         self._lock = threading.Lock()  # one execution context: shapes, addresses and enqueue together
-        self._engine = self._context = None
+        self._contexts: dict[int, Any] = {}  # device index -> (engine, execution context)
+        self._mutated: list[tuple[str, int]] = []
         self.engine_path: Path | None = None
 
     # --- the engine --------------------------------------------------------------------------
@@ -137,19 +138,20 @@ class TrtModel:
                                   f"(see TensorRT's log above)")
         return bytes(engine)
 
-    def _ready(self) -> None:
-        if self._context is not None:
-            return
+    def _context(self, index: int) -> Any:
+        """The execution context on device ``index`` (its engine deserialized there once)."""
+        if index in self._contexts:
+            return self._contexts[index][1]
         path = self.build_engine()
-        runtime = self.trt.Runtime(self._logger)
-        self._engine = runtime.deserialize_cuda_engine(path.read_bytes())
-        if self._engine is None:
+        engine = self.trt.Runtime(self._logger).deserialize_cuda_engine(path.read_bytes())
+        if engine is None:
             raise KernelLensError(f"{self.trt.__name__} could not deserialize {path} on this GPU "
                                   f"({gpu_identity()}); delete it to rebuild")
-        self._context = self._engine.create_execution_context()
-        names = [self._engine.get_tensor_name(i) for i in range(self._engine.num_io_tensors)]
+        names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
         self._mutated = [(n, self.ir.inputs.index(n.removeprefix("mutated_"))) for n in names
                          if n.startswith("mutated_")]
+        self._contexts[index] = (engine, engine.create_execution_context())
+        return self._contexts[index][1]
 
     # --- running -----------------------------------------------------------------------------
     def run(self, *tensors: torch.Tensor, out: Sequence[torch.Tensor] | None = None):
@@ -164,9 +166,8 @@ class TrtModel:
         outputs = list(out) if out is not None else \
             [torch.empty(s, dtype=o.dtype, device=device) for s, o in zip(shapes, self.signature.outputs)]
         with self._lock, torch.cuda.device(device):
-            self._ready()
+            context = self._context(device.index)
             mutated = [torch.empty_like(tensors[i]) for _, i in self._mutated]
-            context = self._context
             for spec, t in zip(self.signature.inputs, tensors):
                 context.set_input_shape(spec.name, tuple(t.shape))
                 context.set_tensor_address(spec.name, t.data_ptr())
