@@ -223,6 +223,32 @@ def test_cli_export_triton(toy, tmp_path):
     assert refused.returncode == 2 and "--target ort" in refused.stderr
 
 
+def _model_py(monkeypatch):
+    """The python backend's model.py, imported with a stand-in for the stub's pb_utils module."""
+    import importlib.util
+    import types
+
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", types.ModuleType("triton_python_backend_utils"))
+    spec = importlib.util.spec_from_file_location("kl_triton_model_under_test", MODEL_PY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.TritonPythonModel()
+
+
+def test_model_py_refuses_a_host_without_gpu_or_packages_with_its_own_message(monkeypatch, tmp_path):
+    args = {"model_name": "m", "model_config": json.dumps({"parameters": {}}), "model_version": "1",
+            "model_repository": str(tmp_path), "model_instance_kind": "GPU", "model_instance_device_id": "0"}
+    model = _model_py(monkeypatch)
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` raises ImportError
+    with pytest.raises(RuntimeError, match=r"'m' needs a CUDA GPU and onnxruntime-gpu .*, and torch: .*onnxruntime"):
+        model.initialize(args)
+    monkeypatch.delitem(sys.modules, "onnxruntime")  # this host's onnxruntime (CPU) and torch (CPU)
+    with pytest.raises(RuntimeError, match=r"needs a CUDA GPU .*placed this instance on GPU and torch sees 0 CUDA"):
+        model.initialize(args)
+    with pytest.raises(RuntimeError, match=r"needs a CUDA GPU .*placed this instance on CPU"):
+        model.initialize({**args, "model_instance_kind": "CPU"})
+
+
 # --- a real tritonserver ---------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

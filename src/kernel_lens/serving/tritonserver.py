@@ -220,6 +220,13 @@ class TritonServer:
             time.sleep(0.25)
         raise KernelLensError(f"tritonserver was not live after {timeout:.0f} s; its log:\n{self.log()[-4000:]}")
 
+    def metadata(self) -> dict:
+        """The server's metadata (``GET /v2``: name, version, extensions)."""
+        status, body = self._request("GET", "/v2")
+        if status != 200:
+            raise KernelLensError(f"tritonserver's metadata answered {status}: {body[:500]!r}")
+        return json.loads(body)
+
     def index(self) -> list[dict]:
         """The repository index: one entry per model version (name, version, state, reason)."""
         status, body = self._request("POST", "/v2/repository/index", {})
