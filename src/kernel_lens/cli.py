@@ -90,6 +90,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="also write the IR after this pass into the output directory")
 
     from .toolchain.fetch_headers import add_arguments as _fetch_headers_args  # standard library only
+    from .serving.backends import BACKENDS as TRITON_BACKENDS  # light: no onnx, no torch
 
     fetch = sub.add_parser(
         "fetch-headers", help="download the ONNX Runtime / TensorRT headers plugins build against",
@@ -110,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     triton.add_argument("-o", "--output", required=True, metavar="REPO",
                         help="model repository folder (created if missing; other models are kept)")
     triton.add_argument("--name", default=None, help="model name (default: the compiled model's)")
-    triton.add_argument("--backend", default="onnxruntime", choices=["onnxruntime", "python"],
+    triton.add_argument("--backend", default="onnxruntime", choices=list(TRITON_BACKENDS),
                         help="onnxruntime: Triton's ONNX Runtime backend (NVIDIA's containers); "
                              "python: model.py with onnxruntime-gpu (any tritonserver)")
     triton.add_argument("--instances", type=int, default=1, metavar="N",
