@@ -185,8 +185,8 @@ def test_names_are_validated_and_foreign_folders_kept(toy, tmp_path):
         with pytest.raises(InputError, match="not a safe name.*pass --name"):
             export_triton(toy, repo, name=bad)
     assert not repo.exists() or not any(repo.iterdir())
-    with pytest.raises(InputError, match="unknown Triton backend 'tensorrt_plan'"):
-        export_triton(toy, repo, backend="tensorrt_plan")
+    with pytest.raises(InputError, match="unknown Triton backend 'tensorflow'"):
+        export_triton(toy, repo, backend="tensorflow")
     with pytest.raises(InputError, match="--instances must be a positive"):
         export_triton(toy, repo, instances=0)
     (repo / "mine" / "1").mkdir(parents=True)

@@ -104,16 +104,18 @@ def _parser() -> argparse.ArgumentParser:
     triton = sub.add_parser(
         "export-triton", help="export a compiled folder as a model of a Triton Inference Server "
                               "model repository (REPO/NAME/config.pbtxt, REPO/NAME/1/...)",
-        description="Export DIR (made by `kernel_lens compile FILE.py --target ort -o DIR`) as "
-                    "REPO/NAME for Triton's onnxruntime backend or its python backend; see "
-                    "docs/serving.md.")
-    triton.add_argument("directory", metavar="DIR", help="compile output folder (--target ort)")
+        description="Export DIR (made by `kernel_lens compile FILE.py --target ort -o DIR`, or "
+                    "--target trt for the tensorrt backend) as REPO/NAME for Triton's onnxruntime, "
+                    "python or tensorrt backend; see docs/serving.md.")
+    triton.add_argument("directory", metavar="DIR", help="compile output folder (--target ort; "
+                                                         "--target trt for --backend tensorrt)")
     triton.add_argument("-o", "--output", required=True, metavar="REPO",
                         help="model repository folder (created if missing; other models are kept)")
     triton.add_argument("--name", default=None, help="model name (default: the compiled model's)")
     triton.add_argument("--backend", default="onnxruntime", choices=list(TRITON_BACKENDS),
                         help="onnxruntime: Triton's ONNX Runtime backend (NVIDIA's containers); "
-                             "python: model.py with onnxruntime-gpu (any tritonserver)")
+                             "python: model.py with onnxruntime-gpu (any tritonserver); tensorrt: "
+                             "a TensorRT engine built here (needs the tensorrt package) + plugins")
     triton.add_argument("--instances", type=int, default=1, metavar="N",
                         help="model instances per GPU (default 1)")
     triton.add_argument("--max-batch-size", type=int, default=0, metavar="B",

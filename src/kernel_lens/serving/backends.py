@@ -3,8 +3,8 @@
 A backend says what goes into the model's version folder (``NAME/1/``) and what its
 ``config.pbtxt`` states beyond the interface (platform or backend, instance kind, parameters,
 CUDA EP options, custom-op libraries). The export driver (:mod:`.export`) does the rest: the
-interface from the ONNX graph, names, the atomic write. A new kind (e.g. ``tensorrt_plan`` once
-the TensorRT targets can run) is one more class in :data:`BACKENDS`.
+interface from the ONNX graph, names, the atomic write. A new kind is one more class in
+:data:`BACKENDS`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputError
+from ..ir import GraphIR
 
 HERE = Path(__file__).parent
 VERSION = "1"           # the version folder every export writes
@@ -25,12 +26,15 @@ CUDA_OPTIONS = {"use_tf32": "0"}
 
 @dataclass(frozen=True)
 class CompiledArtifacts:
-    """What an export reads from a compile output folder (made by ``--target ort``)."""
+    """What an export reads from a compile output folder (made by ``--target ort``, or a
+    TensorRT target for the tensorrt backend)."""
 
     name: str                   # the compiled model's name (its IR's)
     onnx: Path                  # the ONNX graph
     onnx_data: dict[str, Path]  # its external-data files, by the location the graph names
-    library: Path               # the custom-op library (libkl_<Name>_ort.so)
+    library: Path               # the custom-op / plugin library (libkl_<Name>_ort.so, ..._trt_v3.so)
+    ir: GraphIR | None = None   # the compiled IR
+    target: str = "ort"         # the kernel_lens target whose artifacts these are
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,7 @@ class TritonBackend:
 
     name: str = ""
     description: str = ""
+    targets: tuple[str, ...] = ("ort",)  # kernel_lens targets whose artifacts it serves, preferred first
 
     def version_files(self, source: CompiledArtifacts) -> dict[str, Path]:
         """The files of ``NAME/1/``: file name -> the file to copy there."""
@@ -113,7 +118,67 @@ class PythonBackend(TritonBackend):
                 "on tritonserver's PATH (python -m kernel_lens.serving.tritonserver REPO sets that up)"]
 
 
-BACKENDS: dict[str, TritonBackend] = {b.name: b for b in (OnnxRuntimeBackend(), PythonBackend())}
+class TensorRtBackend(TritonBackend):
+    """Triton's tensorrt backend (platform ``tensorrt_plan``): a serialized engine built from the
+    TensorRT target's ONNX graph and plugin library, by the TensorRT Python package in the
+    exporting process (so on the GPU model and TensorRT version that will serve it). The plugin
+    library goes beside the engine with a small registration library that Triton loads through
+    its documented ``--backend-config=tensorrt,plugins=...`` option."""
+
+    name = "tensorrt"
+    description = "Triton's tensorrt backend (platform tensorrt_plan): engine + plugin library"
+    targets = ("trt", "trt-v3", "trt-v2")
+    ENGINE = "model.plan"
+
+    def version_files(self, source: CompiledArtifacts) -> dict[str, Path]:
+        from ..runtime.trt import TrtModel
+
+        engine = TrtModel(source.ir, source.onnx, source.library).build_engine()
+        shim = registration_library(source.library.name)
+        return {self.ENGINE: engine, source.library.name: source.library, registration_name(source): shim}
+
+    def config(self, source: CompiledArtifacts) -> BackendConfig:
+        from ..runtime.trt import gpu_identity, import_tensorrt
+
+        trt = import_tensorrt()
+        return BackendConfig(
+            platform="tensorrt_plan", instance_kind="KIND_GPU", default_model_filename=self.ENGINE,
+            notes=[f"engine built by {trt.__name__} {trt.__version__} for {gpu_identity()}: serve it with",
+                   "that TensorRT version on that GPU model. Load the plugins by starting tritonserver",
+                   f"with --backend-config=tensorrt,plugins=<this folder>/{VERSION}/{registration_name(source)}",
+                   "(an absolute path; see docs/serving.md)."])
+
+    def deployment_notes(self, model_dir: Path, source: CompiledArtifacts) -> list[str]:
+        shim = (model_dir / VERSION / registration_name(source)).absolute()
+        return [f"start tritonserver with --backend-config=tensorrt,plugins={shim}: it registers the "
+                f"plugins of {source.library.name} with Triton's TensorRT (LD_PRELOAD does not: TensorRT "
+                f"must be loaded first)",
+                "the engine runs only with the TensorRT version and on the GPU model it was built for "
+                "(see config.pbtxt's header); re-export on the serving machine otherwise"]
+
+
+def registration_name(source: CompiledArtifacts) -> str:
+    return f"{source.library.stem}_register.so"
+
+
+def registration_library(library_name: str) -> Path:
+    """The shim that registers ``library_name``'s plugins (the library beside it) when a plain
+    dlopen loads it into a process with TensorRT (Triton's tensorrt backend's ``plugins=``)."""
+    import jinja2
+
+    from ..toolchain.build import build_shared_library
+    from ..toolchain.headers import find_cuda_include, find_tensorrt_include
+
+    template = (HERE / "kl_trt_register.cpp.j2").read_text()
+    source = jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(template).render(
+        library=library_name)
+    return build_shared_library(f"kl_trt_register_{library_name.removesuffix('.so')}",
+                                {"kl_trt_register.cpp": source},
+                                include_dirs=[find_tensorrt_include(), find_cuda_include()])
+
+
+BACKENDS: dict[str, TritonBackend] = {b.name: b for b in (OnnxRuntimeBackend(), PythonBackend(),
+                                                          TensorRtBackend())}
 
 
 def get_backend(name: str) -> TritonBackend:

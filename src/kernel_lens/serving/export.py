@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict
 from ..errors import ArtifactError, InputError, OutputPathError
 from ..fileio import atomic_copy, atomic_write, ensure_folder, inside, umask
 from ..ir import GraphIR
-from .backends import VERSION, BackendConfig, CompiledArtifacts, get_backend
+from .backends import VERSION, BackendConfig, CompiledArtifacts, TritonBackend, get_backend
 from .interface import ModelInterface, check_name, read_interface
 
 log = logging.getLogger(__name__)
@@ -52,19 +52,21 @@ class TritonExport(BaseModel):
     notes: list[str]            # what the deployment needs (printed by the CLI)
 
 
-def _compiled(directory: str | Path) -> tuple[CompiledArtifacts, GraphIR]:
+def _compiled(directory: str | Path, kind: TritonBackend) -> tuple[CompiledArtifacts, GraphIR]:
     from ..compiler import load
 
     compiled = load(directory)  # validates the manifest: every path lies inside the folder
-    missing = [k for k in ("ort.onnx", "ort.library") if k not in compiled.artifacts]
-    if missing:
-        raise ArtifactError(f"{directory} has no {' / '.join(missing)} artifact: Triton serves the ORT "
-                            f"target's ONNX graph and library; compile with kernel_lens compile "
-                            f"FILE.py --target ort -o {directory}")
-    onnx_path, library = compiled.artifacts["ort.onnx"], compiled.artifacts["ort.library"]
+    target = next((t for t in kind.targets
+                   if f"{t}.onnx" in compiled.artifacts and f"{t}.library" in compiled.artifacts), None)
+    if target is None:
+        wanted = kind.targets[0]
+        raise ArtifactError(f"{directory} has no {wanted}.onnx / {wanted}.library artifact: Triton's "
+                            f"{kind.name} backend serves the {wanted} target's ONNX graph and library; "
+                            f"compile with kernel_lens compile FILE.py --target {wanted} -o {directory}")
+    onnx_path, library = compiled.artifacts[f"{target}.onnx"], compiled.artifacts[f"{target}.library"]
     check_name(library.stem, f"{directory}: library file name", "recompile into the folder")
     return CompiledArtifacts(name=compiled.ir.name, onnx=onnx_path, onnx_data=_external_data(onnx_path),
-                             library=library), compiled.ir
+                             library=library, ir=compiled.ir, target=target), compiled.ir
 
 
 def _external_data(onnx_path: Path) -> dict[str, Path]:
@@ -147,14 +149,14 @@ def export_triton(directory: str | Path, repository: str | Path, *, name: str | 
                   backend: str = "onnxruntime", instances: int = 1,
                   max_batch_size: int = 0) -> TritonExport:
     """Export the compiled model in ``directory`` as ``REPOSITORY/NAME`` for Triton's ``backend``
-    (``onnxruntime`` or ``python``), with ``instances`` instances per GPU; ``max_batch_size > 0``
+    (``onnxruntime``, ``python`` or ``tensorrt``), with ``instances`` instances per GPU; ``max_batch_size > 0``
     makes the leading dynamic dim Triton's batch dim (it must lead every input and output)."""
     from .. import __version__
 
     kind = get_backend(backend)
     if isinstance(instances, bool) or not isinstance(instances, int) or instances < 1:
         raise InputError(f"--instances must be a positive number of instances per GPU, got {instances!r}")
-    source, ir = _compiled(directory)
+    source, ir = _compiled(directory, kind)
     name = check_name(name if name is not None else source.name, "model name",
                       "pass --name NAME with such a name (it is REPO/NAME and the name clients call)")
     interface = read_interface(source.onnx, ir, max_batch_size)
@@ -162,6 +164,7 @@ def export_triton(directory: str | Path, repository: str | Path, *, name: str | 
     text = render_config(name, source, interface, config, kind.name, instances)
     files = kind.version_files(source)
     provenance = {"kernel_lens": __version__, "backend": kind.name, "model": source.name,
+                  "target": source.target,
                   "files": {f: _sha256(p) for f, p in files.items()}}
     repository = ensure_folder(repository)
     model_dir = _write_model_dir(repository, name, text, files, provenance)
