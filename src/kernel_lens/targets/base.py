@@ -54,6 +54,18 @@ class Target(ABC):
         return KernelLensError(f"target {self.name!r} has no stage {stage!r}; its stages: "
                                f"{', '.join(self.stages)}")
 
+    def runner_inputs(self, artifacts: dict[str, Path], options: dict[str, Any], takes: str,
+                      kinds: tuple[str, ...] = ("onnx", "library")) -> list[Path]:
+        """The artifacts a runner opens, by kind; a clear error for options it does not take
+        (``takes`` names those it does) or artifacts that are missing."""
+        if options:
+            raise KernelLensError(f"{self.name} runner: unknown options {sorted(options)}; it takes {takes}")
+        missing = sorted(set(kinds) - set(artifacts))
+        if missing:
+            raise KernelLensError(f"{self.name} runner: artifacts {missing} missing; recompile with "
+                                  f"targets=[{self.name!r}]")
+        return [artifacts[k] for k in kinds]
+
     def runner(self, ir: GraphIR, artifacts: dict[str, Path], **options: Any) -> Runner:
         """A runner over the artifacts :meth:`build` returned (by kind). Targets that only
         produce files for other tools keep this default."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ...errors import KernelLensError
 from ...fileio import atomic_copy, ensure_folder, inside
 from ...ir import GraphIR
 from ...onnx.lower import lower_to_onnx_cached, save_onnx
@@ -69,10 +68,5 @@ class OrtTarget(StagedTarget):
     def runner(self, ir: GraphIR, artifacts: dict[str, Path], *, cuda_graph: bool = False, **options):
         from ...runtime.ort import OrtModel
 
-        if options:
-            raise KernelLensError(f"ort runner: unknown options {sorted(options)}; it takes cuda_graph")
-        missing = {"onnx", "library"} - set(artifacts)
-        if missing:
-            raise KernelLensError(f"ort runner: artifacts {sorted(missing)} missing; recompile with "
-                                  f"targets=['ort']")
-        return OrtModel(ir, artifacts["onnx"], artifacts["library"], cuda_graph=cuda_graph)
+        onnx_path, library = self.runner_inputs(artifacts, options, "cuda_graph")
+        return OrtModel(ir, onnx_path, library, cuda_graph=cuda_graph)

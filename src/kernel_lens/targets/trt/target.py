@@ -189,13 +189,8 @@ class _TrtTarget(StagedTarget):
         if cuda_graph:
             raise KernelLensError(f"{self.name} runner: cuda_graph=True is ONNX Runtime's CUDA-graph "
                                   f"mode; the TensorRT runner has none (run with backend='ort' for it)")
-        if options:
-            raise KernelLensError(f"{self.name} runner: unknown options {sorted(options)}; it takes package")
-        missing = {"onnx", "library"} - set(artifacts)
-        if missing:
-            raise KernelLensError(f"{self.name} runner: artifacts {sorted(missing)} missing; recompile "
-                                  f"with targets=[{self.name!r}]")
-        return TrtModel(ir, artifacts["onnx"], artifacts["library"], package=package)
+        onnx_path, library = self.runner_inputs(artifacts, options, "package")
+        return TrtModel(ir, onnx_path, library, package=package)
 
 
 class TrtV3Target(_TrtTarget):
