@@ -1,6 +1,10 @@
 """The runtime's own speed on the GPU host, every row side by side in one run (CUDA events).
 
-    python benchmarks/bench_runtime.py OUT.json [--profile] [--kernels]
+    python benchmarks/bench_runtime.py OUT.json [--profile] [--kernels] [--kernels-only]
+
+--kernels adds, per block row, the GPU activities of one call (torch.profiler) for eager, run(),
+a graph of eager and run(cuda_graph=True) on static buffers: their count, GPU busy time, wall
+time and the idle rest. --kernels-only prints those and skips the timed rows.
 
 Rows: the fp16 LLaMA-style block (hidden 4096, 32 heads, FFN 11008) at 2048 and 8 tokens, and
 one RMSNorm kernel on 2048x4096 fp32. Columns: eager PyTorch + Triton, a CUDA graph of eager
@@ -179,7 +183,10 @@ def kernel_table(label, fn, calls=20, top=12):
     print(f"--- {label}: CUDA kernels per call (us), top {top}")
     for e in rows[:top]:
         print(f"{e.device_time_total / calls:9.1f}  x{e.count // calls:<3} {e.key[:110]}")
-    print(f"{sum(e.device_time_total for e in rows) / calls:9.1f}  total", flush=True)
+    busy = sum(e.device_time_total for e in rows) / calls
+    count = sum(e.count for e in rows) / calls
+    print(f"{busy:9.1f}  total, {count:.0f} GPU activities per call", flush=True)
+    return {"busy_us": round(busy, 1), "activities": round(count)}
 
 
 def main(path):
@@ -192,13 +199,17 @@ def main(path):
     env.update(triton=triton.__version__, onnxruntime=onnxruntime.__version__)
     g = torch.Generator(device="cuda").manual_seed(0)
 
+    only = "--kernels-only" in sys.argv
+    if only:
+        sys.argv.append("--kernels")
     norm = RMSNorm().cuda().eval()
     x = torch.randn(2048, 4096, device="cuda", generator=g)
     rows_dim = torch.export.Dim("rows", min=1, max=65536)
     compiled = kl.compile(norm, (x.clone(),), dynamic_shapes=({0: rows_dim},), targets=["ort"])
     if "--profile" in sys.argv:
         profile_run(compiled, x)
-    rows.append(row("rmsnorm 2048x4096 fp32", norm, x, compiled, host=True))
+    if not only:
+        rows.append(row("rmsnorm 2048x4096 fp32", norm, x, compiled, host=True))
     Path(path).write_text(json.dumps({"env": env, "rows": rows}, indent=1))
 
     block = block_mod.LlamaBlock(hidden=4096, n_heads=32, intermediate=11008).cuda().half().eval()
@@ -210,10 +221,17 @@ def main(path):
     with torch.no_grad():
         for tokens in (8, 2048):
             x = torch.randn(1, tokens, 4096, device="cuda", generator=g).half()
-            rows.append(row(f"block fp16 {tokens} tokens", block, x, compiled, host=tokens == 8))
-            if "--kernels" in sys.argv:
-                kernel_table(f"eager, {tokens} tokens", lambda: block(x))
-                kernel_table(f"run(), {tokens} tokens", lambda: compiled.run(x))
+            if not only:
+                rows.append(row(f"block fp16 {tokens} tokens", block, x, compiled, host=tokens == 8))
+            if "--kernels" in sys.argv:  # where the time goes: GPU busy vs wall (idle = the rest)
+                fns = {"eager": lambda: block(x), "run()": lambda: compiled.run(x),
+                       "graph of eager": graph_of(block, x), "run(cuda_graph=True) static": static_call(compiled, x)}
+                for name, fn in fns.items():
+                    stats = kernel_table(f"{name}, {tokens} tokens", fn)
+                    stats["wall_us"] = round(timed(fn) * 1e3, 1)
+                    stats["idle_us"] = round(stats["wall_us"] - stats["busy_us"], 1)
+                    print(f"{name}, {tokens} tokens: {stats}", flush=True)
+                    env.setdefault("timeline", {})[f"{name}, {tokens} tokens"] = stats
             Path(path).write_text(json.dumps({"env": env, "rows": rows}, indent=1))
     print(json.dumps({"env": env, "rows": rows}, indent=1))
 
