@@ -71,6 +71,24 @@ class CompiledModel:
 
     def runner(self, backend: str | None = None, *, cuda_graph: bool | None = None) -> Any:
         """The target's runner over this model's artifacts (made once, then reused)."""
+        graph = self.cuda_graph if cuda_graph is None else bool(cuda_graph)
+        asked = (backend, graph)
+        if asked not in self._runners:  # resolve the name once: run() calls this on every call
+            from .targets.base import get_target
+
+            backend = self._backend(backend)
+            key = (backend, graph)
+            if key not in self._runners:
+                prefix = f"{backend}."
+                artifacts = {k[len(prefix):]: v for k, v in self.artifacts.items() if k.startswith(prefix)}
+                options = {"cuda_graph": True} if graph else {}
+                self._runners[key] = get_target(backend).runner(self.ir, artifacts, **options)
+            self._runners[asked] = self._runners[key]
+        return self._runners[asked]
+
+    def _backend(self, backend: str | None) -> str:
+        """The built target ``backend`` names (a target, an alias such as "tensorrt", or None:
+        the only target built)."""
         from .targets.base import available_targets, get_target
 
         built = self.backends()
@@ -79,26 +97,19 @@ class CompiledModel:
                 raise KernelLensError(
                     f"{self.ir.name}: " + (f"built for {built}; pick one with backend=" if built else
                                            "no target was built; compile with targets=['ort']"))
-            backend = built[0]
-        if backend not in built:
-            named = [b for b in built if backend in get_target(b).aliases]
-            if len(named) > 1:
-                raise KernelLensError(f"{self.ir.name}: backend {backend!r} could be any of {named}; "
-                                      f"pick one with backend=")
-            if not named:
-                target = backend if backend in available_targets() else next(
-                    (t for t in available_targets() if backend in get_target(t).aliases), backend)
-                raise KernelLensError(f"{self.ir.name} was not built for backend {backend!r} (built: "
-                                      f"{built or 'none'}); compile with targets=[{target!r}]")
-            backend = named[0]
-        graph = self.cuda_graph if cuda_graph is None else bool(cuda_graph)
-        key = (backend, graph)
-        if key not in self._runners:
-            prefix = f"{backend}."
-            artifacts = {k[len(prefix):]: v for k, v in self.artifacts.items() if k.startswith(prefix)}
-            options = {"cuda_graph": True} if graph else {}
-            self._runners[key] = get_target(backend).runner(self.ir, artifacts, **options)
-        return self._runners[key]
+            return built[0]
+        if backend in built:
+            return backend
+        named = [b for b in built if backend in get_target(b).aliases]
+        if len(named) > 1:
+            raise KernelLensError(f"{self.ir.name}: backend {backend!r} could be any of {named}; "
+                                  f"pick one with backend=")
+        if not named:
+            target = backend if backend in available_targets() else next(
+                (t for t in available_targets() if backend in get_target(t).aliases), backend)
+            raise KernelLensError(f"{self.ir.name} was not built for backend {backend!r} (built: "
+                                  f"{built or 'none'}); compile with targets=[{target!r}]")
+        return named[0]
 
     def run(self, *tensors: Any, out: Any = None, backend: str | None = None,
             cuda_graph: bool | None = None) -> Any:
