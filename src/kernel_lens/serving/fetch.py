@@ -14,7 +14,8 @@ environment kernel_lens runs in. Instead this module:
 DEST defaults to $KERNEL_LENS_TRITONSERVER, else ~/.cache/kernel_lens/tritonserver/0.7.0, which
 is where :mod:`kernel_lens.serving.tritonserver` looks. Reruns reuse the cache.
 
-Usage: python scripts/fetch_tritonserver.py [--dest DIR]   (prints TRITONSERVER_ROOT=DIR)
+Usage: python -m kernel_lens.serving.fetch [--dest DIR]   (prints TRITONSERVER_ROOT=DIR;
+scripts/fetch_tritonserver.py is the same from a source tree)
 
 Standard library only, so the script runs before kernel_lens (or torch) is installed.
 """

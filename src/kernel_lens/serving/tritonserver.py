@@ -44,7 +44,7 @@ from .fetch import BINARY, default_dest
 
 log = logging.getLogger(__name__)
 
-FETCH_HINT = ("fetch it with `python scripts/fetch_tritonserver.py` (PyPI nvidia-pytriton==0.7.0, "
+FETCH_HINT = ("fetch it with `python -m kernel_lens.serving.fetch` (PyPI nvidia-pytriton==0.7.0, "
               "unpacked into ~/.cache/kernel_lens/tritonserver) or set KERNEL_LENS_TRITONSERVER to "
               "a folder holding pytriton/tritonserver/ and nvidia_pytriton.libs/")
 
