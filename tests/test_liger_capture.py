@@ -106,7 +106,8 @@ def _scalar_kernel(out_ptr, scale, eps, shift: tl.float64):
 
 def test_libdevice_on_float_scalars_uses_their_triton_types():
     out = torch.zeros(4)
-    cap = capture(lambda o: _scalar_kernel[(1,)](o, 0.3, 1e-3, 0.7) or o, (out,), 90)
+    # (a launch returns its compiled kernel, as Triton's JITFunction.run does: keep ``o``)
+    cap = capture(lambda o: (_scalar_kernel[(1,)](o, 0.3, 1e-3, 0.7), o)[1], (out,), 90)
     scale = torch.tensor(0.3, dtype=torch.float32).double()  # rounded to fp32 first, like a GPU
     expected = torch.stack([torch.asin(scale), torch.tanh(torch.tensor(1e-3).double() * 1000),
                             torch.special.erf(torch.tensor(0.7, dtype=torch.float64)),

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ..errors import CaptureError, KernelLensError, UnsupportedKernelError
+from . import launchers
 from . import triton_compat as tc
 
 log = logging.getLogger(__name__)
@@ -49,11 +50,13 @@ class Warmup:
 
 class CapturedLaunches(list):
     """The launches in program order; ``warmups`` lists the ``kernel.warmup(...)`` calls made
-    among them (the symbolic trace hands the same handles back)."""
+    among them (the symbolic trace hands the same handles back), ``launchers`` the library
+    launchers and ``torch.library`` ops they came through."""
 
     def __init__(self, launches: Any = (), warmups: Any = ()) -> None:
         super().__init__(launches)
         self.warmups: list[Warmup] = list(warmups)
+        self.launchers = launchers.LauncherLog()  # library launchers and custom ops seen
 
 
 @dataclass
@@ -463,11 +466,22 @@ class _Recorder:
         grid_value = grid(params) if callable(grid) else grid
         concrete = _normalize_grid(grid_value, kernel, _concrete(kernel))
         if self.native:
-            self._triton(orig, jit_fn, *args, grid=grid, warmup=False, **kwargs)
+            handle = self._triton(orig, jit_fn, *args, grid=grid, warmup=False, **kwargs)
         else:
             interpret_launch(jit_fn, args, kwargs, concrete, specialization)
+            handle = self._launched_handle(jit_fn, params, options)
         self.launches.append(CapturedLaunch(jit_fn, params, list(specialization), dict(options), concrete))
-        return None
+        return handle
+
+    def _launched_handle(self, jit_fn: Any, params: dict, options: dict) -> InterpretedHandle:
+        """What JITFunction.run returns on a CPU-only host: a handle that launches the same
+        binary again (libraries cache it, then launch ``handle[grid](*args)`` themselves)."""
+        handle = InterpretedHandle(jit_fn)
+        constexprs = {p.name: params[p.name] for p in jit_fn.params if p.is_constexpr}
+        first = next((i for i, p in enumerate(jit_fn.params) if p.name in tc.option_names(self.arch)),
+                     len(jit_fn.params))
+        handle.record = Warmup(jit_fn, handle, constexprs, dict(options), first)
+        return handle
 
     # JITFunction.run(..., warmup=True), what kernel.warmup(...) calls
     def warmup(self, orig: Callable, jit_fn: Any, args: tuple, grid: Any, kwargs: dict) -> Any:
@@ -585,8 +599,11 @@ def capture(model: Callable, example_inputs: tuple, arch: int,
     if native and devices != {"cuda"}:
         raise CaptureError(f"example inputs mix devices {devices}; put them all on one device")
     recorder = _Recorder(arch, native, autotune)
-    with recording(recorder), torch.no_grad():
+    launcher_log = launchers.LauncherLog()
+    with recording(recorder), launchers.capturing(launcher_log, recorder.launches), \
+            torch.no_grad():
         outputs = model(*example_inputs)
     if not recorder.launches:
         raise CaptureError("the forward launched no @triton.jit kernel; nothing to compile")
+    recorder.launches.launchers = launcher_log
     return Capture(recorder.launches, outputs, native)

@@ -20,6 +20,7 @@ import torch
 
 from .._gc import paused_then_frozen
 from ..errors import DynamicConstexprError, KernelLensError, TraceError, UnsupportedKernelError
+from . import launchers
 from . import triton_compat as tc
 from .capture import (CapturedLaunch, _normalize_grid, _patched, check_arguments, handle_info,
                       innermost_jit, kernel_name, launch_handle, patched_handles)
@@ -187,8 +188,9 @@ def _tracing(tracer: _Tracer) -> Iterator[None]:
     def tune(self, *args, **kwargs):
         return tracer.autotune_run(self, args, kwargs)
 
+    log_ = getattr(tracer.captured, "launchers", None) or launchers.LauncherLog()
     with _patched(tc.JITFunction, "run", run), _patched(tc.Autotuner, "run", tune), \
-            patched_handles(lambda: True, tracer.handle_run):
+            patched_handles(lambda: True, tracer.handle_run), launchers.tracing(log_):
         yield
 
 
@@ -228,9 +230,28 @@ def trace(model: Callable, example_inputs: tuple, dynamic_shapes: Any,
             raise TraceError(_explain(exc)) from exc
         _check_deferred_asserts(program, exc)
     if len(tracer.launches) != len(captured):
-        raise TraceError(f"the eager forward launched {len(captured)} kernels but torch.export saw "
-                         f"{len(tracer.launches)}; the launches depend on tensor values")
+        raise TraceError(_missing_launches(captured, tracer.launches, program))
     return program, tracer.launches
+
+
+def _missing_launches(captured: list[CapturedLaunch], seen: list, program: Any) -> str:
+    """Which eager launches torch.export did not see, and the likely reason."""
+    missing = [f"#{i} {kernel_name(c.jit)}" for i, c in enumerate(captured)][len(seen):]
+    opaque = sorted({str(n.target) for n in program.graph.nodes if n.op == "call_function"
+                     and not str(n.target).startswith(("aten.", "<built-in", "kernel_lens."))
+                     and "." in str(n.target) and getattr(n.target, "namespace", "aten")
+                     not in ("aten", "prims", "kernel_lens", "higher_order")})
+    where = (f"; the exported graph holds ops whose bodies torch.export does not trace into: "
+             f"{', '.join(opaque)} (kernel_lens inlines torch.library.custom_op/triton_op bodies; "
+             f"an op registered another way, e.g. Library.impl or a C++ extension, stays opaque: "
+             f"define it with torch.library.custom_op or call its Python body directly)"
+             if opaque else
+             "; no opaque op was found, so the launch was skipped under torch.export: a branch "
+             "on tensor values, or code that runs only outside tracing (e.g. behind "
+             "torch.compiler.is_compiling() or is_exporting())")
+    return (f"the eager forward launched {len(captured)} kernels but torch.export saw "
+            f"{len(seen)}: not seen {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}"
+            f"{where}")
 
 
 def _export(module: torch.nn.Module, example_inputs: tuple, dynamic_shapes: Any,

@@ -14,7 +14,7 @@ import numpy as np
 from triton.backends.compiler import GPUTarget
 from triton.compiler import make_backend
 from triton.runtime.autotuner import Autotuner, Heuristics
-from triton.runtime.jit import JITFunction, create_function_from_signature
+from triton.runtime.jit import JITFunction, KernelInterface, create_function_from_signature
 
 __all__ = ["Autotuner", "Heuristics", "JITFunction", "backend_for", "binder_for", "bind_params",
            "interpreter_scalar", "is_scalar_type", "libdevice_cpu", "libdevice_modules",

@@ -1,0 +1,80 @@
+"""Launches through other doors than ``kernel[grid](...)``: a library's own KernelInterface
+launcher that does host work on tensors (bypassed under torch.export after the eager capture
+proved the bypass faithful), and ``torch.library`` ops (custom_op, triton_op + wrap_triton),
+whose bodies are inlined."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernel_lens as kl
+from kernel_lens.errors import TraceError
+
+from conftest import ROOT, load_module
+
+m = load_module(ROOT / "tests" / "models" / "launchers.py")
+N = torch.export.Dim("n", min=2, max=4096)
+
+
+def _kernels(ir):
+    return [ir.kernels[launch.kernel].name for launch in ir.launches]
+
+
+def test_caching_launcher_touching_data_ptr_is_bypassed_under_export():
+    x = torch.randn(100)
+    compiled = kl.compile(m.WrapperModel(), (x,), dynamic_shapes=({0: N},), arch=90)
+    ir = compiled.ir
+    assert _kernels(ir) == ["scale_kernel", "scale_kernel"]
+    for launch in ir.launches:  # the grid stays symbolic: the wrapper's code never ran on fakes
+        assert launch.grid[0] == "floor(n/64 + 63/64)"
+        assert next(a.expr for a in launch.args if a.name == "n") == "n"
+    scales = [next(a.constant for a in launch.args if a.name == "s") for launch in ir.launches]
+    assert scales == [2.0, 3.0]
+    # the second launch went through the handle the launcher cached: captured all the same
+    torch.testing.assert_close(compiled.example_outputs, x * 6.0)
+
+
+def test_launcher_that_changes_an_argument_is_refused_naming_it():
+    bad = m.CachingLauncher(m.scale_kernel, alter=lambda args: (args[0], args[1], args[2] // 2,
+                                                                args[3]))
+    with pytest.raises(TraceError, match=r"launcher CachingLauncher changed argument 'n' of "
+                                         r"kernel scale_kernel") as err:
+        kl.compile(m.WrapperModel(bad), (torch.randn(100),), dynamic_shapes=({0: N},), arch=90)
+    assert "\n" not in str(err.value)
+
+
+def test_launcher_that_launches_twice_per_call_is_refused():
+    bad = m.CachingLauncher(m.scale_kernel, twice=True)
+    with pytest.raises(TraceError, match="made 2 kernel launches in one call"):
+        kl.compile(m.WrapperModel(bad), (torch.randn(100),), dynamic_shapes=({0: N},), arch=90)
+
+
+def test_torch_library_triton_op_and_custom_op_are_inlined():
+    x, y = torch.randn(100), torch.randn(100)
+    compiled = kl.compile(m.TorchLibraryModel(), (x, y), dynamic_shapes=({0: N}, {0: N}), arch=90)
+    ir = compiled.ir
+    assert _kernels(ir) == ["add_kernel", "add_kernel", "scale_kernel"]
+    assert all(launch.grid[0] == "floor(n/64 + 63/64)" for launch in ir.launches)
+    inplace = {a.name: a.value for a in ir.launches[2].args if a.value}  # mutates_args=("x",)
+    assert inplace["x_ptr"] == inplace["out_ptr"] == ir.ops[-1].args[0].ref
+    # no opaque custom-op node is left between the launches
+    assert not [op for op in ir.ops if "kl_tests" in op.op]
+    # device_types="cuda" ran on the CPU host: its CUDA body was inlined into the capture
+    torch.testing.assert_close(compiled.example_outputs, ((x + y) + y) * 2 * 0.5 + 1)
+
+
+def test_wrap_triton_in_forward_launches_the_kernel():
+    x, y = torch.randn(50), torch.randn(50)
+    ir = kl.compile(m.WrapTritonModel(), (x, y), dynamic_shapes=({0: N}, {0: N}), arch=90).ir
+    assert _kernels(ir) == ["add_kernel"]
+    assert ir.launches[0].grid[0] == "floor(n/64 + 63/64)"
+
+
+def test_opaque_op_names_the_unseen_launch_and_the_op():
+    with pytest.raises(TraceError) as err:
+        kl.compile(m.OpaqueOpModel(), (torch.randn(100), torch.randn(100)),
+                   dynamic_shapes=({0: N}, {0: N}), arch=90)
+    text = str(err.value)
+    assert "not seen #0 add_kernel" in text
+    assert "kl_tests_opaque.add.default" in text and "torch.library.custom_op" in text
