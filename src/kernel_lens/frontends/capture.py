@@ -321,8 +321,10 @@ def interpret_launch(jit_fn: Any, args: tuple, kwargs: dict, grid: tuple,
             _patched(interpreter, "_patch_lang", _patch_lang_libdevice), \
             _patched(interpreter.InterpreterBuilder, "create_extern_elementwise",
                      _extern_elementwise):
+        from .interpreter_bounds import checked_memory, tensor_ranges
         try:
-            _interpreted_fn(jit_fn).run(grid=grid, warmup=False, **params)
+            with checked_memory(tensor_ranges(params), kernel=kernel):
+                _interpreted_fn(jit_fn).run(grid=grid, warmup=False, **params)
         except KernelLensError:
             raise
         except Exception as exc:
