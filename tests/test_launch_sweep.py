@@ -86,9 +86,10 @@ class Model:
         io = launch_io(ir, launch, f"__{launch.order}")
         kernel = ir.kernels[launch.kernel]
         if launch.dispatch:
-            def truth_of(text: str) -> bool:
+            def truth_of(text: str) -> bool | int:  # a heuristic's truth, or a size function's value
                 expr = parse(text, names)
-                return bool(expr.xreplace({s: sympy.Integer(values[s.name]) for s in expr.free_symbols}))
+                value = expr.xreplace({s: sympy.Integer(values[s.name]) for s in expr.free_symbols})
+                return bool(value) if value in (sympy.true, sympy.false) else int(value)
             truth = {g: truth_of(e) for g, e in launch.guards.items()}
             kernel = ir.kernels[next(d.kernel for d in launch.dispatch if d.when == truth)]
         args = {a.name: a for a in launch.args}

@@ -89,7 +89,8 @@ class ScalarArg(_Model):
 
 class Guard(_Model):
     name: str
-    expr: str  # a boolean IR expression
+    expr: str  # a boolean IR expression, or an integer one for a constexpr computed from sizes
+    kind: Literal["bool", "int"] = "bool"
 
 
 class DispatchCase(_Model):
@@ -240,9 +241,15 @@ def plan_launch(ir: GraphIR, index: int, launch: Launch) -> LaunchPlan:
     binaries = [b for case in dispatch for b in ir.kernels[case.kernel].binaries]
     return LaunchPlan(index=index, order=launch.order, kernel=launch.kernel, inputs=inputs,
                       outputs=outputs, symbols=symbols, dim_checks=dim_checks, pointers=pointers,
-                      scalars=scalars, guards=[Guard(name=g, expr=t) for g, t in launch.guards.items()],
+                      scalars=scalars, guards=[Guard(name=g, expr=t, kind=_guard_kind(launch, g))
+                                               for g, t in launch.guards.items()],
                       dispatch=dispatch, grid=tuple(launch.grid),
                       workspace=format_expr(_workspace(binaries, grid)))
+
+
+def _guard_kind(launch: Launch, name: str) -> str:
+    values = [d.when[name] for d in launch.dispatch if name in d.when]
+    return "int" if any(not isinstance(v, bool) for v in values) else "bool"
 
 
 def build_plan(ir: GraphIR) -> ModelPlan:

@@ -13,7 +13,8 @@ import torch
 from torch.export.graph_signature import InputKind
 
 from ..archs import check_arch
-from ..errors import DynamicConstexprError, InputError, TraceError, UnsupportedKernelError
+from ..errors import (DynamicConstexprError, InputError, SymbolicError, TraceError,
+                      UnsupportedKernelError)
 from ..ir import (CompileOptions, ConstantData, ConstArg, Dispatch, GraphIR, KernelIR, KernelParam, Launch,
                   LaunchArg, ListArg, ParamKind, Role, SymArg, SymbolInfo, TensorValue, TorchOp,
                   ValueArg, format_expr, symbol)
@@ -24,6 +25,7 @@ from ..ir.types import dtype_from_torch, dtype_from_triton, DType
 from .aot import compile_binary
 from .capture import CapturedLaunch, capture, kernel_name
 from .decompose import decompose, needs_decomposition, tensor_args
+from . import size_functions
 from .source import describe_kernel
 from .trace import LAUNCH_OP, TracedLaunch, trace
 
@@ -181,11 +183,16 @@ def guard_variants(captured: list[CapturedLaunch], traced: list[TracedLaunch]):
     out, owners = [], []
     for index, (cap, tr) in enumerate(zip(captured, traced)):
         names = sorted(tr.guards)
-        if len(names) > 4:
+        domains = [tr.domains.get(n, (False, True)) for n in names]
+        count = 1
+        for d in domains:
+            count *= len(d)
+        if count > 16:
             raise UnsupportedKernelError(
-                f"kernel {kernel_name(cap.jit)}: {len(names)} constexprs depend on dynamic dims "
-                f"({names}); at most 4 are supported (2**4 binaries)")
-        for values in itertools.product((False, True), repeat=len(names)):
+                f"kernel {kernel_name(cap.jit)}: constexprs {names} depend on dynamic dims and "
+                f"together need {count} binaries; at most 16 are supported: narrow the Dim "
+                f"ranges or mark dims static")
+        for values in itertools.product(*domains):
             when = dict(zip(names, values))
             params = {**cap.params, **when}
             spec = [("constexpr", params[p.name]) if p.name in when else s
@@ -249,6 +256,10 @@ class _Symbols:
             return str(value)
         if isinstance(value, (torch.SymInt, torch.SymBool)):
             raw = value.node.shape_env.replace(value.node.expr)
+            try:  # next_power_of_2 and friends: exact step functions over the declared range
+                raw = size_functions.rewrite(raw, value.node.shape_env.var_to_range)
+            except SymbolicError as exc:
+                raise TraceError(f"{what} = {raw}: {exc}") from None
             plain = to_plain_sympy(raw)
             plain = plain.xreplace({s: self.rename.get(s, self.rename.get(
                 sympy.Symbol(s.name, integer=True, nonnegative=True), s)) for s in plain.free_symbols})

@@ -13,14 +13,15 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, List
 
 import torch
 
 from .._gc import paused_then_frozen
-from ..errors import DynamicConstexprError, KernelLensError, TraceError, UnsupportedKernelError
-from . import launchers
+from ..errors import (DynamicConstexprError, KernelLensError, SymbolicError, TraceError,
+                      UnsupportedKernelError)
+from . import launchers, size_functions
 from . import triton_compat as tc
 from .capture import (CapturedLaunch, _normalize_grid, _patched, check_arguments, handle_info,
                       innermost_jit, kernel_name, launch_handle, patched_handles)
@@ -50,7 +51,8 @@ class TracedLaunch:
 
     grid: tuple
     args: dict[str, Any]  # param name -> SymInt/int/float/bool/None/FakeTensor
-    guards: dict[str, Any]  # constexpr name -> SymBool it was computed as (heuristics)
+    guards: dict[str, Any]  # constexpr name -> SymBool/SymInt it was computed as from sizes
+    domains: dict[str, list] = field(default_factory=dict)  # SymInt guards: the values it takes
 
 
 class _Tracer:
@@ -96,7 +98,7 @@ class _Tracer:
         kernel = kernel_name(jit_fn)
         params = tc.bind_params(jit_fn, args, kwargs)
         check_arguments(jit_fn, params)
-        guards = {}
+        guards, domains = {}, {}
         for p in jit_fn.params:
             value = params[p.name]
             if p.is_constexpr:
@@ -104,6 +106,11 @@ class _Tracer:
                     # e.g. @triton.heuristics({"EVEN_N": lambda a: a["n"] % BLOCK == 0}) over a
                     # dynamic n: one binary per truth value, chosen at run time.
                     guards[p.name] = value
+                    continue
+                if isinstance(value, torch.SymInt):
+                    values = _constexpr_values(kernel, p.name, value, captured.params[p.name])
+                    if len(values) > 1:  # one binary per value, chosen at run time
+                        guards[p.name], domains[p.name] = value, values
                     continue
                 if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
                     dims = _input_dims(value)
@@ -132,7 +139,7 @@ class _Tracer:
                              f"tensor values") from exc
         sym_grid = _normalize_grid(grid_value, kernel, lambda g: _grid_entry(g, kernel))
         tensors = [v for v in params.values() if isinstance(v, torch.Tensor)]
-        self.launches.append(TracedLaunch(sym_grid, params, guards))
+        self.launches.append(TracedLaunch(sym_grid, params, guards, domains))
         LAUNCH_OP(len(self.launches) - 1, tensors)
 
     def autotune_run(self, tuner: Any, args: tuple, kwargs: dict) -> Any:
@@ -141,6 +148,43 @@ class _Tracer:
         if config.pre_hook is not None:
             config.pre_hook({**dict(zip(tuner.arg_names, args)), **kwargs, **config.all_kwargs()})
         return tuner.fn.run(*args, **kwargs, **config.all_kwargs())
+
+
+MAX_CONSTEXPR_VALUES = 8  # binaries one constexpr computed from sizes may need
+
+
+def _constexpr_values(kernel: str, name: str, value: Any, captured: Any) -> list[int]:
+    """The values constexpr ``name`` (computed from dynamic sizes) takes over the declared
+    ranges: one when interval evaluation proves it constant, else one per piece of the range,
+    at most MAX_CONSTEXPR_VALUES; beyond that a DynamicConstexprError naming sub-ranges."""
+    env = value.node.shape_env
+    expr = env.replace(value.node.expr)
+    dims = _input_dims(value)
+    where = ", ".join(f"{n}.shape[{d}]" for n, d in dims) or "a dynamic dimension"
+    try:
+        parts = size_functions.constexpr_values(expr, env.var_to_range, MAX_CONSTEXPR_VALUES)
+    except SymbolicError as exc:
+        hint = ""
+        try:
+            many = size_functions.pieces(expr, env.var_to_range, 64)
+            hint = " Ranges with one binary each: " + ", ".join(
+                f"[{a}, {b}] -> {v}" for v, a, b in many[:12]) + (" ..." if len(many) > 12 else "")
+        except SymbolicError:
+            pass
+        raise DynamicConstexprError(
+            f"kernel {kernel}: constexpr {name!r} = {_short(value)} depends on {where} and "
+            f"cannot be compiled for the whole declared range ({exc}; at most "
+            f"{MAX_CONSTEXPR_VALUES} binaries per constexpr): narrow the Dim range or mark that "
+            f"dimension static.{hint}", dims) from None
+    values = sorted({v for v, _, _ in parts})
+    if captured not in values:
+        raise TraceError(f"kernel {kernel}: constexpr {name!r} was {captured} in the eager forward "
+                         f"but takes {values} over the declared range")
+    if len(values) > 1:
+        log.info("kernel %s: constexpr %s takes %d values over the declared range (%s): one "
+                 "binary each", kernel, name, len(values),
+                 ", ".join(f"[{a}, {b}] -> {v}" for v, a, b in parts))
+    return values
 
 
 def _grid_entry(value: Any, kernel: str) -> Any:

@@ -18,7 +18,7 @@ from .names import Identifier, MAX_NAME
 from .symbolic import SymbolInfo, SymExpr, parse, symbol
 from .types import DType
 
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 
 
 class _Model(BaseModel):
@@ -110,7 +110,9 @@ class LaunchArg(_Model):
 class Dispatch(_Model):
     """Which kernel specialization serves a launch for given values of its guarded constexprs."""
 
-    when: dict[Identifier, bool]
+    when: dict[Identifier, Union[bool, int]] = Field(
+        description="guard name -> its value: a truth value (heuristics) or an integer (a "
+        "constexpr computed from sizes, e.g. next_power_of_2(n), one binary per value)")
     kernel: Identifier
 
 
@@ -124,8 +126,9 @@ class Launch(_Model):
     captured_grid: tuple[int, int, int] = Field(description="the grid seen during capture")
     guards: dict[Identifier, SymExpr] = Field(
         default_factory=dict,
-        description="constexprs computed from dynamic dims (e.g. by @triton.heuristics): name -> "
-        "boolean sympy expression over graph dims, evaluated at run time",
+        description="constexprs computed from dynamic dims (e.g. by @triton.heuristics, or "
+        "next_power_of_2 of a size): name -> boolean or integer sympy expression over graph dims, "
+        "evaluated at run time",
     )
     dispatch: list[Dispatch] = Field(
         default_factory=list,

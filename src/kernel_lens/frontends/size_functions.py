@@ -1,0 +1,190 @@
+"""Integer functions of dynamic sizes that the IR grammar cannot spell, made exact over the range.
+
+Library host code computes launch parameters from sizes with more than arithmetic:
+``triton.next_power_of_2(n)`` is a chain of shifts and bitwise ors, ``triton.cdiv(B*T, 65536)``
+a division that is constant over a bounded range. torch.export records them as torch's sympy
+functions (``BitwiseFn_bitwise_or``, ...). Over a declared ``Dim`` range such a function of one
+size is piecewise constant with few pieces, which interval evaluation (torch's own
+``bound_sympy``) finds by bisection; a piecewise-constant function of an integer ``n`` is then
+exactly ``v0 + sum(d_i * Min(1, Max(0, n - b_i + 1)))``, which the grammar spells.
+
+- ``pieces(expr, ranges)``: the (value, lo, hi) pieces of a one-symbol expression over its range.
+- ``rewrite(expr, ranges)``: every maximal sub-expression using a function outside the grammar
+  replaced by its step-function form (one symbol each), or ``SymbolicError`` naming it.
+- ``constexpr_values(expr, ranges)``: the values a constexpr takes over the declared range.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import sympy
+from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
+
+from ..errors import SymbolicError
+
+_FOREIGN = ("BitwiseFn", "LShift", "RShift")  # torch functions the IR grammar has no word for
+MAX_PIECES = 64  # pieces a rewritten sub-expression may have
+_MAX_PROBES = 20000  # interval evaluations spent looking for the pieces
+
+
+def _foreign(expr: sympy.Basic) -> bool:
+    return type(expr).__name__.startswith(_FOREIGN)
+
+
+def _bounds(ranges: dict, sym: sympy.Symbol) -> tuple[int, int]:
+    vr = ranges.get(sym, ranges.get(str(sym)))
+    lo = vr.lower if vr is not None else None
+    hi = vr.upper if vr is not None else None
+    if lo is None or hi is None or not (getattr(lo, "is_Integer", False) or isinstance(lo, int)) \
+            or not (getattr(hi, "is_Integer", False) or isinstance(hi, int)):
+        raise SymbolicError(f"size {sym} has no finite range (lower {lo}, upper {hi}): give its "
+                            f"torch.export.Dim a max")
+    return int(lo), int(hi)
+
+
+_DENSE = 1 << 16  # a box this narrow is evaluated point by point (vectorized)
+
+
+def pieces(expr: sympy.Expr, ranges: dict, limit: int = MAX_PIECES) -> list[tuple[int, int, int]]:
+    """The pieces ``(value, lo, hi)`` (inclusive, ascending) of ``expr``, a function of one size
+    symbol, over that symbol's range; ``SymbolicError`` when there are more than ``limit``.
+
+    Boxes are split by bisection until interval evaluation proves them constant or they are
+    narrow enough to evaluate every point exactly (int64 numpy, checked against overflow)."""
+    free = sorted(expr.free_symbols, key=str)
+    if len(free) != 1:
+        raise SymbolicError(f"{expr} depends on {len(free)} sizes ({', '.join(map(str, free))}); "
+                            f"kernel_lens splits functions of one size only")
+    sym = free[0]
+    lo, hi = _bounds(ranges, sym)
+    out: list[tuple[int, int, int]] = []
+    todo, probes = [(lo, hi)], 0
+    while todo:
+        a, b = todo.pop()
+        probes += 1
+        if probes > _MAX_PROBES:
+            raise SymbolicError(f"{expr} over {sym} in [{lo}, {hi}] could not be split into "
+                                f"constant pieces within {_MAX_PROBES} evaluations")
+        if b - a < _DENSE:
+            out += _dense_pieces(expr, sym, a, b)
+        else:
+            vr = bound_sympy(expr, {sym: ValueRanges(a, b)})
+            if vr.lower == vr.upper and getattr(vr.lower, "is_Integer", False):
+                out.append((int(vr.lower), a, b))
+            else:
+                mid = (a + b) // 2
+                todo += [(mid + 1, b), (a, mid)]  # lower half popped first
+        if len(out) > 4 * limit and len(_merged(out)) > limit:
+            break
+    merged = _merged(out)
+    if len(merged) > limit:
+        raise SymbolicError(f"{expr} takes more than {limit} values over {sym} in [{lo}, {hi}]")
+    return merged
+
+
+def _dense_pieces(expr: sympy.Expr, sym: sympy.Symbol, a: int, b: int) -> list[tuple[int, int, int]]:
+    points = np.arange(a, b + 1, dtype=np.int64)
+    values = _evaluate(expr, sym, points, {})
+    cuts = np.flatnonzero(np.diff(values)) + 1
+    starts = np.concatenate(([0], cuts))
+    ends = np.concatenate((cuts - 1, [len(points) - 1]))
+    return [(int(values[i]), int(points[i]), int(points[j])) for i, j in zip(starts, ends)]
+
+
+_LIMIT = 1 << 62  # int64 headroom: a value beyond it may have overflowed
+
+
+def _evaluate(expr: sympy.Basic, sym: sympy.Symbol, n: np.ndarray, memo: dict) -> np.ndarray:
+    """``expr`` at every point of ``n``, exactly in int64 (torch's integer functions)."""
+    if expr in memo:
+        return memo[expr]
+    if expr == sym:
+        out = n
+    elif expr.is_Integer:
+        out = np.full_like(n, int(expr))
+    else:
+        args = [_evaluate(a, sym, n, memo) for a in expr.args]
+        name = type(expr).__name__
+        if name == "Add":
+            out = sum(args[1:], args[0])
+        elif name == "Mul":
+            out = args[0]
+            for a in args[1:]:
+                out = out * a
+        elif name in ("FloorDiv", "floor") and len(args) == 2:
+            out = np.floor_divide(args[0], args[1])
+        elif name == "CeilDiv":
+            out = -np.floor_divide(-args[0], args[1])
+        elif name in ("PythonMod", "Mod"):
+            out = np.mod(args[0], args[1])
+        elif name == "Min":
+            out = np.minimum.reduce(args)
+        elif name == "Max":
+            out = np.maximum.reduce(args)
+        elif name == "BitwiseFn_bitwise_or":
+            out = np.bitwise_or(args[0], args[1])
+        elif name == "BitwiseFn_bitwise_and":
+            out = np.bitwise_and(args[0], args[1])
+        elif name == "BitwiseFn_bitwise_xor":
+            out = np.bitwise_xor(args[0], args[1])
+        elif name == "LShift":
+            out = np.left_shift(args[0], args[1])
+        elif name == "RShift":
+            out = np.right_shift(args[0], args[1])
+        elif name in ("PowByNatural", "Pow") and expr.args[1].is_Integer and int(expr.args[1]) >= 0:
+            out = args[0] ** int(expr.args[1])
+        else:
+            raise SymbolicError(f"cannot evaluate {name} in {expr} exactly")
+        if np.any(np.abs(out) > _LIMIT):
+            raise SymbolicError(f"{expr} leaves the int64 range over the declared sizes")
+    memo[expr] = out
+    return out
+
+
+def _merged(found: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    out: list[tuple[int, int, int]] = []
+    for value, a, b in sorted(found, key=lambda p: p[1]):
+        if out and out[-1][0] == value and out[-1][2] + 1 == a:
+            out[-1] = (value, out[-1][1], b)
+        else:
+            out.append((value, a, b))
+    return out
+
+
+def step_form(parts: list[tuple[int, int, int]], sym: sympy.Symbol) -> sympy.Expr:
+    """The piecewise-constant function with these pieces, in the IR grammar."""
+    expr = sympy.Integer(parts[0][0])
+    for (prev, _, _), (value, start, _) in zip(parts, parts[1:]):
+        expr += (value - prev) * sympy.Min(1, sympy.Max(0, sym - start + 1))
+    return expr
+
+
+def rewrite(expr: Any, ranges: dict) -> Any:
+    """``expr`` with every maximal sub-expression the grammar cannot spell replaced by its exact
+    step-function form over the declared range."""
+    if not isinstance(expr, sympy.Basic) or not any(_foreign(a) for a in sympy.preorder_traversal(expr)):
+        return expr
+    if len(expr.free_symbols) == 1:  # the largest piecewise-constant sub-expression wins
+        try:
+            (sym,) = expr.free_symbols
+            return step_form(pieces(expr, ranges), sym)
+        except SymbolicError:
+            if _foreign(expr):
+                raise
+    elif _foreign(expr):
+        pieces(expr, ranges)  # raises, naming the sizes
+    return expr.func(*(rewrite(a, ranges) for a in expr.args))
+
+
+def constexpr_values(expr: sympy.Expr, ranges: dict, limit: int) -> list[tuple[int, int, int]]:
+    """The pieces of a constexpr computed from sizes: one piece when it is constant over the
+    whole declared range (proven by interval evaluation, any number of sizes)."""
+    free = sorted(expr.free_symbols, key=str)
+    if free:
+        box = {s: ValueRanges(*_bounds(ranges, s)) for s in free}
+        vr = bound_sympy(expr, box)
+        if vr.lower == vr.upper and getattr(vr.lower, "is_Integer", False):
+            return [(int(vr.lower), *_bounds(ranges, free[0]))]
+    return pieces(expr, ranges, limit)

@@ -1,0 +1,78 @@
+"""Constexprs and grids computed from dynamic sizes with functions the IR grammar has no word for
+(``triton.next_power_of_2``'s shifts and ors, ``cdiv`` constant over a range): proven constant,
+split into one binary per value, or refused naming the sub-ranges that would work."""
+
+from __future__ import annotations
+
+import pytest
+import sympy
+import torch
+import triton
+from hypothesis import given, settings, strategies as st
+from torch.utils._sympy.functions import FloorDiv
+from torch.utils._sympy.value_ranges import ValueRanges
+
+import kernel_lens as kl
+from kernel_lens.errors import DynamicConstexprError
+from kernel_lens.frontends import size_functions as sf
+from kernel_lens.ir.symbolic import evaluate, parse
+
+from conftest import ROOT, load_module
+
+corpus = load_module(ROOT / "tests" / "corpus" / "constexpr_from_sizes.py")
+
+
+def test_constant_constexpr_and_one_binary_per_value():
+    ir = kl.compile(corpus.model, corpus.example_inputs, dynamic_shapes=corpus.dynamic_shapes,
+                    arch=90).ir
+    (launch,) = ir.launches
+    assert list(launch.guards) == ["BLOCK"]  # NB = cdiv(n, 65536) is proven constant
+    assert all(ir.kernels[d.kernel].param("NB").constexpr_value == 1 for d in launch.dispatch)
+    assert sorted(d.when["BLOCK"] for d in launch.dispatch) == [2, 4, 8, 16, 32, 64]
+    for d in launch.dispatch:
+        assert ir.kernels[d.kernel].param("BLOCK").constexpr_value == d.when["BLOCK"]
+    names = list(ir.symbols)
+    guard, grid = parse(launch.guards["BLOCK"], names), parse(launch.grid[0], names)
+    for n in [*range(2, 300), 4095, 4096, 4097, 59999, 60000]:  # exact over the range
+        block = min(triton.next_power_of_2(n), 64)
+        assert evaluate(guard, {"n": n}) == block
+        assert evaluate(grid, {"n": n}) == triton.cdiv(n, block)
+
+
+def test_too_many_values_is_refused_with_working_subranges():
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            out = torch.empty_like(x)
+            n = x.shape[0]
+            corpus.blocked_scale_kernel[(1,)](x, out, n, NB=1, BLOCK=triton.next_power_of_2(n))
+            return out
+
+    n = torch.export.Dim("n", min=2, max=1 << 20)
+    with pytest.raises(DynamicConstexprError) as err:
+        kl.compile(Model(), (torch.randn(100),), dynamic_shapes=({0: n},), arch=90)
+    text = str(err.value)
+    assert "\n" not in text and "constexpr 'BLOCK'" in text and "x.shape[0]" in text
+    assert "[65, 128] -> 128" in text  # a sub-range with one binary, the captured size's
+    assert err.value.dims == [("x", 0)]
+
+
+def test_unbounded_range_names_the_dim_to_bound():
+    s = sympy.Symbol("s0", integer=True, positive=True)
+    with pytest.raises(Exception, match="give its torch.export.Dim a max"):
+        sf.pieces(FloorDiv(s, 7), {s: ValueRanges(2, sympy.oo)})
+
+
+@settings(max_examples=40, deadline=None)
+@given(lo=st.integers(1, 5000), width=st.integers(0, 3000), d=st.integers(1, 700))
+def test_pieces_and_step_form_are_exact(lo, width, d):
+    s = sympy.Symbol("n", integer=True, positive=True)
+    expr = FloorDiv(s + d - 1, d)
+    hi = lo + width
+    try:
+        parts = sf.pieces(expr, {s: ValueRanges(lo, hi)})
+    except Exception as exc:  # more than MAX_PIECES values: only when the range is that rich
+        assert "more than" in str(exc) and (hi + d - 1) // d - (lo + d - 1) // d + 1 > sf.MAX_PIECES
+        return
+    step = sf.step_form(parts, s)
+    for n in {lo, hi, (lo + hi) // 2, *range(lo, min(hi, lo + 50) + 1)}:
+        assert int(step.xreplace({s: n})) == (n + d - 1) // d
