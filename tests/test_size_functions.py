@@ -76,3 +76,21 @@ def test_pieces_and_step_form_are_exact(lo, width, d):
     step = sf.step_form(parts, s)
     for n in {lo, hi, (lo + hi) // 2, *range(lo, min(hi, lo + 50) + 1)}:
         assert int(step.xreplace({s: n})) == (n + d - 1) // d
+
+
+def test_range_torch_export_rejects_is_reported_in_the_users_terms():
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            out = torch.empty_like(x)
+            n = x.shape[0]
+            corpus.blocked_scale_kernel[(triton.cdiv(n, 64),)](x, out, n, NB=1, BLOCK=64)
+            return out.view(-1, 4)  # needs n % 4 == 0
+
+    seq = torch.export.Dim("seq", min=2, max=4096)
+    with pytest.raises(kl.errors.TraceError) as err:
+        kl.compile(Model(), (torch.randn(100),), dynamic_shapes=({0: seq},), arch=90)
+    text = str(err.value)
+    assert "\n" not in text and "L['x']" not in text
+    assert text.startswith("torch.export rejects the declared dynamic range of Dim 'seq' "
+                           "(x.shape[0], declared seq <= 4096)")
+    assert "(x.shape[0] % 4) == 0" in text and "declare instead: _seq = Dim('_seq'" in text

@@ -356,6 +356,9 @@ def _check_deferred_asserts(program: torch.export.ExportedProgram, original: Bas
             checked += 1
             if holds is not sympy.true:
                 at = ", ".join(f"{s}={v}" for s, v in zip(syms, values))
+                if _constraint_violation(str(original)) is not None:  # says it in user terms
+                    raise TraceError(f"{_explain(original)} (torch could not prove {expr}, which "
+                                     f"fails at {at})") from original
                 raise TraceError(
                     f"{_explain(original)}\nThe forward needs {expr} (a guard torch.export could "
                     f"not prove), which fails at {at}: narrow the Dim range so it holds, or mark "
@@ -364,9 +367,58 @@ def _check_deferred_asserts(program: torch.export.ExportedProgram, original: Bas
              "(%d checks)", checked)
 
 
+def _user_terms(text: str) -> str:
+    """torch's source names (``L['x'].size()[0]``, ``L['args'][0].size()[1]``) as the user writes
+    them (``x.shape[0]``)."""
+    import re
+
+    text = re.sub(r"L\['args'\]\[(\d+)\]\.size\(\)\[(\d+)\]", r"input \1 .shape[\2]", text)
+    return re.sub(r"L\['([^']+)'\]\.size\(\)\[(\d+)\]", r"\1.shape[\2]", text).replace(" .shape", ".shape")
+
+
+def _constraint_violation(text: str) -> str | None:
+    """torch.export's "Constraints violated (seq)" in the user's terms: which Dim, what the model
+    needs of it (the guards torch generated) and the Dim to declare instead (torch's suggested
+    fix). None when ``text`` is not such a message."""
+    import re
+
+    head = re.search(r"Constraints violated \(([^)]*)\)", text)
+    if head is None:
+        return None
+    dims = [d.strip() for d in head.group(1).split(",") if d.strip()]
+    needs, declared = [], {}
+    for m in re.finditer(r"Not all values of (\w+) = (\S+) in the specified range (.+?) satisfy "
+                         r"the generated guard (.+?)\.?$", text, re.M):
+        declared[m.group(1)] = (_user_terms(m.group(2)), m.group(3).strip())
+        guard = _user_terms(m.group(4).strip().rstrip("."))
+        if guard not in needs:
+            needs.append(guard)
+    specialized = [_user_terms(m.group(0).strip()) for m in re.finditer(
+        r"^.*(?:must be specialized|specialized it to be|was inferred to be a constant).*$",
+        text, re.M)]
+    fixes = text.split("Suggested fixes:", 1)[1] if "Suggested fixes:" in text else ""
+    fix_lines = [ln.strip() for ln in fixes.splitlines() if ln.strip() and "=" in ln
+                 and not ln.strip().startswith(("torch.", "Traceback", "File", "During"))][:4]
+    parts = []
+    for dim in dims:
+        where, rng = declared.get(dim, (None, None))
+        parts.append(f"Dim {dim!r}" + (f" ({where}, declared {rng})" if where else ""))
+    message = (f"torch.export rejects the declared dynamic range of {', '.join(parts)}: "
+               f"the model's code only works for sizes where "
+               f"{' and '.join(needs) if needs else '; '.join(specialized) or 'a guard holds'}")
+    if fix_lines:
+        message += f"; declare instead: {'; '.join(fix_lines)}"
+    else:
+        message += "; narrow the Dim's min/max to where this holds, or mark the dim static"
+    return message
+
+
 def _explain(exc: BaseException) -> str:
     text = str(exc).strip()
     name = type(exc).__name__
+    violation = _constraint_violation(text)
+    if violation is not None:
+        return violation
     if "data-dependent" in text or "DataDependent" in name or "GuardOnDataDependent" in name:
         hint = ("Python control flow, a grid or a scalar depends on tensor values; kernel_lens "
                 "can only compile forwards whose launches depend on sizes")
