@@ -515,12 +515,15 @@ class _Recorder:
                     f"kernel {kernel}: autotune override {wanted} matches none of its configs "
                     f"{[c.kwargs for c in tuner.configs]}"
                 )
+            # Triton's disk cache of timings (cache_results=True) needs an active driver to key
+            # it and would hand back a GPU's choice over the override: neither applies here.
             saved, tuner.cache = tuner.cache, {}
+            saved_disk, tuner.cache_results = tuner.cache_results, False
             self.fake_timing = 0
             try:
                 ret = orig(tuner, *args, **kwargs)
             finally:
-                tuner.cache = saved
+                tuner.cache, tuner.cache_results = saved, saved_disk
             choice = "user" if wanted is not None else "first-config"
             if choice == "first-config" and len(tuner.configs) > 1:
                 log.warning("kernel %s: no GPU to benchmark @triton.autotune configs; using the "
