@@ -1,0 +1,40 @@
+"""fla-core: `fla.modules.GroupNorm` (4 groups over the last dim)."""
+
+import torch
+from fla.modules import GroupNorm
+
+library = "fla-core"  # written against fla-core 0.6.0
+library_module = "fla"
+library_env = {}
+
+
+class Model(torch.nn.Module):
+    def __init__(self, groups=4, hidden=64):
+        super().__init__()
+        self.norm = GroupNorm(groups, hidden, bias=True, eps=1e-5)
+        g = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            self.norm.weight.copy_(1.0 + 0.1 * torch.randn(hidden, generator=g))
+            self.norm.bias.copy_(0.1 * torch.randn(hidden, generator=g))
+
+    def forward(self, x):
+        return self.norm(x)
+
+
+def _make_inputs(batch=2, seq=8, hidden=64):
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(batch, seq, hidden, generator=g),)
+
+
+def reference(x):
+    n = model.norm
+    xs = x.reshape(*x.shape[:-1], 4, -1)
+    y = torch.nn.functional.layer_norm(xs, (xs.shape[-1],), eps=1e-5).reshape(x.shape)
+    return y * n.weight.detach() + n.bias.detach()
+
+
+model = Model()
+example_inputs = _make_inputs()
+dynamic_shapes = {"x": {0: torch.export.Dim("batch", min=2, max=8),
+                        1: torch.export.Dim("seq", min=2, max=2048)}}
+tolerance = (1e-5, 1e-5)

@@ -1,0 +1,29 @@
+"""fla-core: `fla.ops.utils.logsumexp_fwd` (row logsumexp with a scale)."""
+
+import torch
+from fla.ops.utils import logsumexp_fwd
+
+library = "fla-core"  # written against fla-core 0.6.0
+library_module = "fla"
+library_env = {}
+
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return logsumexp_fwd(x, scale=0.5)
+
+
+def _make_inputs(batch=2, seq=8, hidden=64):
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(batch, seq, hidden, generator=g),)
+
+
+def reference(x):
+    return torch.logsumexp(x.float() * 0.5, dim=-1)
+
+
+model = Model()
+example_inputs = _make_inputs()
+dynamic_shapes = {"x": {0: torch.export.Dim("batch", min=2, max=8),
+                        1: torch.export.Dim("seq", min=2, max=2048)}}
+tolerance = (1e-5, 1e-5)

@@ -1,0 +1,29 @@
+"""fla-core: `fla.modules.activations.sigmoid` (autotuned over row blocks, key D)."""
+
+import torch
+from fla.modules.activations import sigmoid
+
+library = "fla-core"  # written against fla-core 0.6.0
+library_module = "fla"
+library_env = {}
+
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return sigmoid(x)
+
+
+def _make_inputs(batch=2, seq=8, hidden=64):
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(batch, seq, hidden, generator=g),)
+
+
+def reference(x):
+    return torch.sigmoid(x)
+
+
+model = Model()
+example_inputs = _make_inputs()
+dynamic_shapes = {"x": {0: torch.export.Dim("batch", min=2, max=8),
+                        1: torch.export.Dim("seq", min=2, max=2048)}}
+tolerance = (1e-5, 1e-5)
