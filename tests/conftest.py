@@ -111,3 +111,41 @@ def rtx():
     assert proc.returncode == 0, proc.stderr
     found = dict(re.findall(r"^(TENSORRT_RTX_\w+)=(.+)$", proc.stdout, re.M))
     return {"PYTHONPATH": found["TENSORRT_RTX_SITE"], "LD_LIBRARY_PATH": found["TENSORRT_RTX_LIB"]}
+
+
+_MODEL_IRS: dict = {}
+
+
+def model_ir(path: Path):
+    """The compiled IR of a corpus/example model file (arch 90, its example inputs and dynamic
+    shapes), compiled once per test session and shared by every test file that asks for it."""
+    path = Path(path)
+    if path not in _MODEL_IRS:
+        import kernel_lens as kl
+
+        module = load_module(path)
+        inputs = tuple(t.clone() for t in module.example_inputs)
+        _MODEL_IRS[path] = kl.compile(module.model, inputs,
+                                      dynamic_shapes=getattr(module, "dynamic_shapes", None),
+                                      arch=90, roles=getattr(module, "roles", None)).ir
+    return _MODEL_IRS[path]
+
+
+# What ONNX Runtime's CPU EP says once it has loaded and resolved a kernel_lens graph with the
+# custom-op library registered: it knows the kernel_lens ops (the library registered them) and
+# lacks only a CPU implementation for them (they run on the CUDA EP). A graph that calls an op or
+# function ORT does not know fails earlier, with "... is not a registered function/op".
+ORT_LOADED_ONLY_LAUNCHES_LACK_CPU = (r"NOT_IMPLEMENTED.*(Could not find an implementation|"
+                                     r"Failed to find kernel) for")
+
+
+def assert_loads_in_ort(model_path: Path, library: Path) -> None:
+    """An ONNX Runtime CPU session over ``model_path`` with ``library`` registered gets past
+    loading and graph resolution (every op and function the graph calls is known to ORT)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.register_custom_ops_library(str(library))
+    with pytest.raises(Exception, match=ORT_LOADED_ONLY_LAUNCHES_LACK_CPU):
+        ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])

@@ -137,6 +137,8 @@ class Lowering:
         self._cache: dict[Any, str] = {}
         self.constant_farm: dict[Any, Any] = {}  # torchlib constants, shared by every op
         self.functions: dict[Any, onnx.FunctionProto] = {}  # torchlib functions called
+        self.origin: dict[str, str] = {}  # recorded node name -> the torch op it translates
+        self._op: TorchOp | None = None  # the torch op being translated
         self._counter = 0
         self._scope = "graph"
         for name in [*ir.inputs, *ir.constants]:
@@ -423,10 +425,14 @@ class Lowering:
         """ONNX names of ``op``'s results computed as ``name`` (default ``op.op``): torchlib's
         translation, or kernel_lens's own for the few forms it controls (:mod:`.aten`)."""
         name = name or op.op
-        own = aten.TRANSLATIONS.get(name)
-        if own is not None:
-            return own(self, op)
-        names = torchlib.translate(self, op, name)
+        previous, self._op = self._op, op
+        try:
+            own = aten.TRANSLATIONS.get(name)
+            if own is not None:
+                return own(self, op)
+            names = torchlib.translate(self, op, name)
+        finally:
+            self._op = previous
         if names is None:
             raise UnsupportedKernelError(
                 f"no ONNX translation for {name}: onnxscript's torchlib has none and torch has no "
@@ -463,6 +469,8 @@ class Lowering:
             proto = oir.serde.serialize_node(node)
             self.taken.update(proto.output)
             self.nodes.append(proto)
+            if self._op is not None:
+                self.origin[proto.name] = f"{self._op.op} (position {self._op.order})"
         for key, fn in functions.items():
             if key not in self.functions:
                 self.functions[key] = (oir.serde.serialize_function(fn)
@@ -655,21 +663,45 @@ class Lowering:
                                              "Triton kernels")
         needed = helper.find_min_ir_version_for([helper.make_opsetid("", self.opset)])
         model.ir_version = max(min(onnx.IR_VERSION, MAX_IR_VERSION), needed)
-        if self.functions:  # torchlib functions that are not trace-only: inline them (standard
-            # opsets only, for parsers without local-function support such as TensorRT's)
-            model.functions.extend(self.functions.values())
-            known = {o.domain for o in model.opset_import}
-            for fn in self.functions.values():
-                for o in [*fn.opset_import, helper.make_opsetid(fn.domain, 1)]:
-                    if o.domain not in known:
-                        model.opset_import.append(o)
-                        known.add(o.domain)
-            model = onnx.inliner.inline_local_functions(model)
-            used = {n.domain for n in _all_nodes(model.graph)} | {"", DOMAIN}
-            kept = [o for o in model.opset_import if o.domain in used]
-            del model.opset_import[:]
-            model.opset_import.extend(kept)
-            del model.functions[:]
+        if self.functions:
+            model = self._inline_functions(model)
+        return model
+
+    def _inline_functions(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        """Inline the torchlib functions the graph calls (those that are not trace-only, e.g.
+        ``aten_log_sigmoid``), so the graph holds standard ops and launch nodes only: TensorRT's
+        parser handles local functions poorly, and a call whose function the model does not
+        carry is refused by ONNX Runtime ("not a registered function/op").
+
+        torchlib's functions import the default domain at opset 18. onnx's inliner silently
+        leaves a call in place when the function's opset differs from the model's (the ORT
+        target's graph is at opset 23), and its ``convert_version=True`` path duplicates the
+        Constant nodes feeding the call (an invalid graph). So a function whose every op means
+        the same at both opsets (:func:`_same_op_at`) is imported at the model's opset first, as
+        torch's exporter does when its optimizer inlines torchlib into a newer-opset model; a
+        function that cannot be is not inlined and is shipped in ``model.functions`` with its
+        own opset (ONNX Runtime runs that). :func:`check_ops` verifies the result."""
+        functions = [_at_opset(fn, self.opset) for fn in self.functions.values()]
+        model.functions.extend(functions)
+        known = {o.domain for o in model.opset_import}
+        for fn in functions:
+            for o in [*fn.opset_import, helper.make_opsetid(fn.domain, 1)]:
+                if o.domain not in known:
+                    model.opset_import.append(o)
+                    known.add(o.domain)
+        model = onnx.inliner.inline_local_functions(model)
+        called = {(n.domain, n.op_type) for n in _all_nodes(model.graph)}
+        for fn in model.functions:  # functions calling functions
+            called |= {(n.domain, n.op_type) for n in fn.node}
+        kept = [fn for fn in model.functions if (fn.domain, fn.name) in called]
+        del model.functions[:]
+        model.functions.extend(kept)
+        used = {n.domain for n in _all_nodes(model.graph)} | {"", DOMAIN}
+        for fn in kept:
+            used |= {fn.domain} | {n.domain for n in fn.node}
+        imports = [o for o in model.opset_import if o.domain in used]
+        del model.opset_import[:]
+        model.opset_import.extend(imports)
         return model
 
     def _prune(self, outputs: list[str]) -> list[onnx.NodeProto]:
@@ -680,6 +712,58 @@ class Lowering:
                 keep.append(node)
                 needed.update(_inputs(node))
         return keep[::-1]
+
+
+def _at_opset(fn: onnx.FunctionProto, opset: int) -> onnx.FunctionProto:
+    """``fn`` importing the default domain at ``opset`` when each of its ops means the same there
+    as at the opset it imports (else ``fn`` as it is)."""
+    imports = {o.domain or "": o.version for o in fn.opset_import}
+    own = imports.get("", imports.get("ai.onnx"))
+    if own is None or own == opset:
+        return fn
+
+    def ok(nodes) -> bool:
+        for node in nodes:
+            if node.domain in ("", "ai.onnx") and not _same_op_at(node.op_type, own, opset):
+                return False
+            for attr in node.attribute:
+                if not all(ok(g.node) for g in ([attr.g] if attr.HasField("g") else attr.graphs)):
+                    return False
+        return True
+
+    if not ok(fn.node):
+        return fn
+    out = onnx.FunctionProto()
+    out.CopyFrom(fn)
+    for o in out.opset_import:
+        if o.domain in ("", "ai.onnx"):
+            o.version = opset
+    return out
+
+
+def _same_op_at(op_type: str, old: int, new: int) -> bool:
+    """Whether ONNX op ``op_type`` at opset ``old`` reads the same at opset ``new``: the same
+    schema, or a newer one that only adds what an old node cannot use (more element types,
+    optional attributes), with the same inputs and outputs. Between torchlib's opset 18 and the
+    ORT target's 23 every op torchlib's functions use changed only so (Cast, Reshape, Shape,
+    ReduceMax ... gained types: float8, int4, bfloat16, bool)."""
+    try:
+        a, b = onnx.defs.get_schema(op_type, old), onnx.defs.get_schema(op_type, new)
+    except onnx.defs.SchemaError:
+        return False
+    if a.since_version == b.since_version:
+        return True
+    if a.deprecated or b.deprecated:
+        return False
+    if [(i.name, i.option) for i in a.inputs] != [(i.name, i.option) for i in b.inputs] or \
+            [(o.name, o.option) for o in a.outputs] != [(o.name, o.option) for o in b.outputs]:
+        return False
+    if not set(a.attributes) <= set(b.attributes) or any(
+            attr.required for name, attr in b.attributes.items() if name not in a.attributes):
+        return False
+    new_types = {c.type_param_str: set(c.allowed_type_strs) for c in b.type_constraints}
+    return all(set(c.allowed_type_strs) <= new_types.get(c.type_param_str, set())
+               for c in a.type_constraints)
 
 
 def _all_nodes(graph: onnx.GraphProto):
@@ -726,7 +810,49 @@ def lower_to_onnx(ir: GraphIR, *, opset: int = MIN_OPSET,
     ``mutated_inputs``: also output ``mutated_<input>`` for each graph input the model writes
     in place (ONNX cannot mutate inputs; the runtime copies these back into the caller's tensors).
     """
-    return optimize(Lowering(ir, opset, mutated_inputs).run())
+    lowering = Lowering(ir, opset, mutated_inputs)
+    model = optimize(lowering.run())
+    check_ops(model, lowering.origin)
+    return model
+
+
+def check_ops(model: onnx.ModelProto, origin: dict[str, str] | None = None) -> None:
+    """Every node of ``model`` (subgraphs and local functions included) is a standard ONNX op
+    known to onnx's schema registry at the opset its graph imports, a ``kernel_lens`` launch node,
+    or a call of a function in ``model.functions``; otherwise ``UnsupportedKernelError`` naming
+    the op and, when ``origin`` (node name -> torch op) knows it, the ATen op that produced it.
+    ``onnx.checker`` does not see this: it skips nodes of domains it has no schemas for, and ONNX
+    Runtime then refuses the model ("... is not a registered function/op")."""
+    functions = {(fn.domain, fn.name) for fn in model.functions}
+    origin = origin or {}
+
+    def norm(domain: str) -> str:
+        return "" if domain in ("", "ai.onnx") else domain
+
+    def visit(nodes, imports: dict[str, int], where: str) -> None:
+        for node in nodes:
+            domain = norm(node.domain)
+            ok = (domain == DOMAIN and DOMAIN in imports
+                  or (node.domain, node.op_type) in functions
+                  or domain in imports and onnx.defs.has(node.op_type, imports[domain], domain))
+            if not ok:
+                made_by = origin.get(node.name)
+                opset = imports.get(domain, imports.get(""))
+                raise UnsupportedKernelError(
+                    f"the lowered ONNX graph{where} has node {node.name!r} of op "
+                    f"{node.domain or 'ai.onnx'}::{node.op_type}"
+                    f"{f', produced by torch op {made_by},' if made_by else ''} which is neither "
+                    f"a standard ONNX op at opset {opset}, a {DOMAIN} launch node, nor a function "
+                    f"the model carries (ONNX Runtime would refuse to load it: 'not a registered "
+                    f"function/op')")
+            for attr in node.attribute:
+                for g in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                    visit(g.node, imports, where)
+
+    visit(model.graph.node, {norm(o.domain): o.version for o in model.opset_import}, "")
+    for fn in model.functions:
+        visit(fn.node, {norm(o.domain): o.version for o in fn.opset_import},
+              f" (function {fn.domain}::{fn.name})")
 
 
 def optimize(model: onnx.ModelProto) -> onnx.ModelProto:
