@@ -78,3 +78,24 @@ def test_opaque_op_names_the_unseen_launch_and_the_op():
     text = str(err.value)
     assert "not seen #0 add_kernel" in text
     assert "kl_tests_opaque.add.default" in text and "torch.library.custom_op" in text
+
+
+def test_tensor_like_arguments_map_to_views_of_their_storage():
+    x = torch.randn(200)
+    n = torch.export.Dim("n", min=4, max=4096)  # the half-size views must not be size 1
+    compiled = kl.compile(m.TensorLikeModel(), (x,), dynamic_shapes=({0: n},), arch=90)
+    (launch,) = compiled.ir.launches
+    args = {a.name: a for a in launch.args}
+    ir = compiled.ir
+
+    def root(value):  # follow the views kernel_lens made back to the tensor they view
+        op = next((op for op in ir.ops if value in op.outputs and "as_strided" in op.op), None)
+        return value if op is None else root(op.args[0].ref)
+
+    assert root(args["x_ptr"].value) == ir.inputs[0]  # x's own storage, offset by n//2
+    assert root(args["out_ptr"].value) == ir.outputs[0]
+    assert args["x_ptr"].storage_offset == "floor(n/2)" and args["out_ptr"].storage_offset == "0"
+    assert args["x_ptr"].role == "input" and args["out_ptr"].role == "output"
+    expected = torch.zeros(200)
+    expected[:100] = x[100:] * 2
+    torch.testing.assert_close(compiled.example_outputs, expected)

@@ -134,3 +134,36 @@ class OpaqueOpModel(torch.nn.Module):
 
     def forward(self, x, y):
         return torch.ops.kl_tests_opaque.add(x, y)
+
+
+class StridedBuffer:
+    """As FlagGems' StridedBuffer: a tensor reinterpreted with its own shape, strides and offset
+    (in elements); Triton takes it as a pointer through ``data_ptr()`` and ``dtype``."""
+
+    def __init__(self, base, shape=None, strides=None, offset=0):
+        self._base = base
+        self.dtype = base.dtype
+        self.offset = offset
+        self._data_ptr = base.data_ptr() + offset * base.element_size()
+        self.shape = tuple(shape if shape is not None else base.shape)
+        self._strides = tuple(strides if strides is not None else base.stride())
+
+    def data_ptr(self):
+        return self._data_ptr
+
+    def stride(self):
+        return self._strides
+
+
+class TensorLikeModel(torch.nn.Module):
+    """The second half of ``x`` scaled into the first half of ``out``, both through
+    StridedBuffers (the offset is computed from the size), launched through the caching
+    launcher (which keys its cache on ``data_ptr()``)."""
+
+    def forward(self, x):
+        out = torch.zeros_like(x)
+        half = x.shape[0] // 2
+        src = StridedBuffer(x, shape=(half,), offset=half)
+        dst = StridedBuffer(out, shape=(half,))
+        scale[(triton.cdiv(half, 64),)](src, dst, half, 2.0, BLOCK=64)
+        return out

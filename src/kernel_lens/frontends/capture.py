@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ..errors import CaptureError, KernelLensError, UnsupportedKernelError
-from . import launchers
+from . import launchers, tensor_likes
 from . import triton_compat as tc
 
 log = logging.getLogger(__name__)
@@ -455,6 +455,9 @@ class _Recorder:
         if warmup:
             return self.warmup(orig, jit_fn, args, grid, kwargs)
         kernel = kernel_name(jit_fn)
+        args, kwargs = tensor_likes.replace(  # same pointers, as views of the storage they point into
+            [p.name for p in jit_fn.params], args, kwargs,
+            lambda obj, name: tensor_likes.eager_view(obj, kernel, name))
         params = tc.bind_params(jit_fn, args, kwargs)
         check_arguments(jit_fn, params)
         try:

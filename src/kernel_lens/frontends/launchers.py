@@ -26,6 +26,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ..errors import TraceError, UnsupportedKernelError
+from . import tensor_likes
 from . import triton_compat as tc
 
 log = logging.getLogger(__name__)
@@ -103,9 +104,12 @@ class LauncherLog:
 
 
 def _same(launched: Any, given: Any) -> bool:
+    if isinstance(launched, torch.Tensor) and tensor_likes.is_tensor_like(given):
+        # a tensor-like argument is launched as a view of its storage with the same pointer
+        return launched.data_ptr() == given.data_ptr() and launched.dtype == given.dtype
     if isinstance(launched, torch.Tensor) or isinstance(given, torch.Tensor):
         return launched is given
-    if hasattr(given, "data_ptr") and hasattr(launched, "data_ptr"):  # tensor-like objects
+    if hasattr(given, "data_ptr") and hasattr(launched, "data_ptr"):
         return launched is given
     try:
         return bool(launched == given) and type(launched) is type(given)

@@ -21,7 +21,7 @@ import torch
 from .._gc import paused_then_frozen
 from ..errors import (DynamicConstexprError, KernelLensError, SymbolicError, TraceError,
                       UnsupportedKernelError)
-from . import launchers, size_functions
+from . import launchers, size_functions, tensor_likes
 from . import triton_compat as tc
 from .capture import (CapturedLaunch, _normalize_grid, _patched, check_arguments, handle_info,
                       innermost_jit, kernel_name, launch_handle, patched_handles)
@@ -61,6 +61,7 @@ class _Tracer:
         self.warmups = getattr(captured, "warmups", [])
         self.launches: list[TracedLaunch] = []
         self.warmed = 0
+        self.tokens = tensor_likes.Tokens()  # fake tensors' data_ptr() under torch.export
 
     def warmup(self, jit_fn: Any) -> Any:
         """``kernel.warmup(...)`` under torch.export: the handle the eager forward's next warmup
@@ -96,6 +97,9 @@ class _Tracer:
     def run(self, jit_fn: Any, args: tuple, grid: Any, kwargs: dict) -> None:
         captured = self._expect(jit_fn)
         kernel = kernel_name(jit_fn)
+        args, kwargs = tensor_likes.replace(
+            [p.name for p in innermost_jit(jit_fn).params], args, kwargs,
+            lambda obj, name: self.tokens.view(obj, kernel, name))
         params = tc.bind_params(jit_fn, args, kwargs)
         check_arguments(jit_fn, params)
         guards, domains = {}, {}
@@ -234,7 +238,8 @@ def _tracing(tracer: _Tracer) -> Iterator[None]:
 
     log_ = getattr(tracer.captured, "launchers", None) or launchers.LauncherLog()
     with _patched(tc.JITFunction, "run", run), _patched(tc.Autotuner, "run", tune), \
-            patched_handles(lambda: True, tracer.handle_run), launchers.tracing(log_):
+            patched_handles(lambda: True, tracer.handle_run), launchers.tracing(log_), \
+            tracer.tokens.active():
         yield
 
 
