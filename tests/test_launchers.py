@@ -99,3 +99,16 @@ def test_tensor_like_arguments_map_to_views_of_their_storage():
     expected = torch.zeros(200)
     expected[:100] = x[100:] * 2
     torch.testing.assert_close(compiled.example_outputs, expected)
+
+
+def test_library_host_code_that_needs_cuda_is_one_line_on_a_cpu_host():
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            with torch.cuda.device(x.device):  # FlagGems wraps every launch like this
+                return m.WrapperModel()(x)
+
+    with pytest.raises(kl.errors.CaptureError) as err:
+        kl.compile(Model(), (torch.randn(100),), arch=90)
+    text = str(err.value)
+    assert "\n" not in text and text.startswith("the model's forward raised ")
+    assert "test_launchers.py" in text and "capture on a GPU" in text

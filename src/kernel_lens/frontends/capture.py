@@ -599,6 +599,26 @@ def _devices(inputs: tuple) -> set[str]:
     return {t.device.type for t in inputs if isinstance(t, torch.Tensor)}
 
 
+_CUDA_ONLY = ("cuda", "CUDA", "Torch not compiled with", "device=", "on the CPU", "cpu", "CPU",
+              "No device", "driver")
+
+
+def _forward_failure(exc: BaseException, native: bool) -> CaptureError:
+    """The model's own code raised during the eager forward: one line naming where."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    user = [f for f in frames if "/kernel_lens/" not in f.filename] or frames
+    where = f" at {user[-1].filename}:{user[-1].lineno} (in {user[-1].name})" if user else ""
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    hint = ""
+    if not native and any(word in text for word in _CUDA_ONLY):
+        hint = ("; on a CPU-only host kernel_lens runs the kernels through Triton's interpreter "
+                "on CPU tensors, but this code needs a CUDA device: capture on a GPU (example "
+                "inputs on 'cuda')")
+    return CaptureError(f"the model's forward raised {type(exc).__name__}: {text}{where}{hint}")
+
+
 def capture(model: Callable, example_inputs: tuple, arch: int,
             autotune: dict[str, dict] | None = None) -> Capture:
     """Run ``model(*example_inputs)`` once, recording every Triton launch in program order."""
@@ -610,7 +630,12 @@ def capture(model: Callable, example_inputs: tuple, arch: int,
     launcher_log = launchers.LauncherLog()
     with recording(recorder), launchers.capturing(launcher_log, recorder.launches), \
             torch.no_grad():
-        outputs = model(*example_inputs)
+        try:
+            outputs = model(*example_inputs)
+        except KernelLensError:
+            raise
+        except Exception as exc:
+            raise _forward_failure(exc, native) from exc
     if not recorder.launches:
         raise CaptureError("the forward launched no @triton.jit kernel; nothing to compile")
     recorder.launches.launchers = launcher_log
