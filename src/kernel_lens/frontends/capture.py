@@ -608,7 +608,8 @@ def _forward_failure(exc: BaseException, native: bool) -> CaptureError:
     import traceback
 
     frames = traceback.extract_tb(exc.__traceback__)
-    user = [f for f in frames if "/kernel_lens/" not in f.filename] or frames
+    skip = ("/kernel_lens/", "/torch/", "/triton/")  # the user's or the library's own frame
+    user = [f for f in frames if not any(part in f.filename for part in skip)] or frames
     where = f" at {user[-1].filename}:{user[-1].lineno} (in {user[-1].name})" if user else ""
     text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     hint = ""
