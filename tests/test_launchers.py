@@ -112,3 +112,12 @@ def test_library_host_code_that_needs_cuda_is_one_line_on_a_cpu_host():
     text = str(err.value)
     assert "\n" not in text and text.startswith("the model's forward raised ")
     assert "test_launchers.py" in text and "capture on a GPU" in text
+
+
+def test_library_autotuner_subclass_runs_as_tritons_autotuner_under_export():
+    x = torch.randn(300)
+    compiled = kl.compile(m.AutotunerSubclassModel(), (x,), dynamic_shapes=({0: N},), arch=90)
+    (launch,) = compiled.ir.launches
+    assert launch.grid[0] == "floor(n/32 + 31/32)"  # the first config's BLOCK, symbolic grid
+    assert compiled.ir.kernels[launch.kernel].param("BLOCK").constexpr_value == 32
+    torch.testing.assert_close(compiled.example_outputs, x * 3.0)

@@ -56,7 +56,11 @@ def foreign_launchers() -> list[type]:
 def triton_launcher_under(wrapper: Any) -> Any:
     """The first of Triton's own launchers (JITFunction, Autotuner, Heuristics) beneath a
     library's wrapper: followed through ``.fn`` (as Triton's autotuner and heuristics nest), or
-    the one KernelInterface attribute the wrapper holds."""
+    the one KernelInterface attribute the wrapper holds; for a library's subclass of Triton's
+    Autotuner or Heuristics, Triton's own class's ``run`` on it."""
+    for base in (tc.Autotuner, tc.Heuristics):  # a library's subclass (fla's CachedAutotuner)
+        if isinstance(wrapper, base):
+            return _BaseLauncher(base, wrapper)
     node, hops = wrapper, 0
     while hops < 16:
         hops += 1
@@ -75,6 +79,17 @@ def triton_launcher_under(wrapper: Any) -> Any:
         f"{type(wrapper).__module__}) holds no Triton kernel that kernel_lens can find (looked "
         f"through .fn and its attributes): give it an .fn attribute that is the @triton.jit "
         f"function, autotuner or heuristics it launches")
+
+
+class _BaseLauncher:
+    """A library's subclass of Triton's Autotuner/Heuristics run as Triton's own class runs it
+    (its ``run`` override, e.g. a disk cache of configs keyed on the arguments, is skipped)."""
+
+    def __init__(self, base: type, wrapper: Any) -> None:
+        self.base, self.wrapper = base, wrapper
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        return self.base.run(self.wrapper, *args, **kwargs)  # looked up now: capture patches it
 
 
 def _split_launch_kwargs(kwargs: dict) -> tuple[Any, bool, dict]:
