@@ -94,3 +94,21 @@ def test_range_torch_export_rejects_is_reported_in_the_users_terms():
     assert text.startswith("torch.export rejects the declared dynamic range of Dim 'seq' "
                            "(x.shape[0], declared seq <= 4096)")
     assert "(x.shape[0] % 4) == 0" in text and "declare instead: _seq = Dim('_seq'" in text
+
+
+def test_constexpr_of_several_sizes_gets_one_binary_per_value_of_its_interval():
+    class Model(torch.nn.Module):
+        def forward(self, x):  # fla's layer norm: NB = cdiv(B*T, 2048), B and T dynamic
+            out = torch.empty_like(x)
+            n = x.numel()
+            corpus.blocked_scale_kernel[(triton.cdiv(n, 64),)](
+                x, out, n, NB=triton.cdiv(x.shape[0] * x.shape[1], 2048), BLOCK=64)
+            return out
+
+    b, t = torch.export.Dim("b", min=2, max=8), torch.export.Dim("t", min=2, max=1024)
+    ir = kl.compile(Model(), (torch.randn(2, 8),), dynamic_shapes=({0: b, 1: t},), arch=90).ir
+    (launch,) = ir.launches
+    assert launch.guards == {"NB": "floor(b*t/2048 + 2047/2048)"}
+    assert sorted(d.when["NB"] for d in launch.dispatch) == [1, 2, 3, 4]
+    for d in launch.dispatch:
+        assert ir.kernels[d.kernel].param("NB").constexpr_value == d.when["NB"]

@@ -187,4 +187,19 @@ def constexpr_values(expr: sympy.Expr, ranges: dict, limit: int) -> list[tuple[i
         vr = bound_sympy(expr, box)
         if vr.lower == vr.upper and getattr(vr.lower, "is_Integer", False):
             return [(int(vr.lower), *_bounds(ranges, free[0]))]
+        if len(free) > 1 and not any(_foreign(a) for a in sympy.preorder_traversal(expr)) \
+                and getattr(vr.lower, "is_Integer", False) and getattr(vr.upper, "is_Integer", False) \
+                and int(vr.upper) - int(vr.lower) < limit:
+            # several sizes (cdiv(B*T, 2048)): every value the interval allows gets a binary;
+            # the expression itself is the guard (no piece boundaries needed)
+            return [(v, None, None) for v in range(int(vr.lower), int(vr.upper) + 1)]
     return pieces(expr, ranges, limit)
+
+
+def value_range(expr: sympy.Expr, ranges: dict) -> tuple[int, int]:
+    """Interval bounds of ``expr`` over the declared box of its sizes."""
+    box = {s: ValueRanges(*_bounds(ranges, s)) for s in expr.free_symbols}
+    vr = bound_sympy(expr, box)
+    if not (getattr(vr.lower, "is_Integer", False) and getattr(vr.upper, "is_Integer", False)):
+        raise SymbolicError(f"{expr} has no finite bounds over the declared ranges")
+    return int(vr.lower), int(vr.upper)

@@ -174,7 +174,13 @@ def _constexpr_values(kernel: str, name: str, value: Any, captured: Any) -> list
             hint = " Ranges with one binary each: " + ", ".join(
                 f"[{a}, {b}] -> {v}" for v, a, b in many[:12]) + (" ..." if len(many) > 12 else "")
         except SymbolicError:
-            pass
+            try:  # several sizes: say which values the declared box spans
+                lo, hi = size_functions.value_range(expr, env.var_to_range)
+                hint = (f" Over the declared ranges it takes values in [{lo}, {hi}] (at "
+                        f"{captured} for the example inputs); choose Dim ranges over which it "
+                        f"takes at most {MAX_CONSTEXPR_VALUES} values.")
+            except SymbolicError:
+                pass
         raise DynamicConstexprError(
             f"kernel {kernel}: constexpr {name!r} = {_short(value)} depends on {where} and "
             f"cannot be compiled for the whole declared range ({exc}; at most "
@@ -187,7 +193,7 @@ def _constexpr_values(kernel: str, name: str, value: Any, captured: Any) -> list
     if len(values) > 1:
         log.info("kernel %s: constexpr %s takes %d values over the declared range (%s): one "
                  "binary each", kernel, name, len(values),
-                 ", ".join(f"[{a}, {b}] -> {v}" for v, a, b in parts))
+                 ", ".join(f"[{a}, {b}] -> {v}" if a is not None else str(v) for v, a, b in parts))
     return values
 
 
