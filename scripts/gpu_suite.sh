@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU host after staging (see ../shared/docs/environment.md). Usage:
-#   bash scripts/gpu_suite.sh PART        PART: ort | hf | capture | trt | all
+#   bash scripts/gpu_suite.sh PART        PART: ort | hf | capture | trt | library | all
 # (trt: the TensorRT plugins' enqueue, in 4 processes, each a shard of the models)
 # Logs and a JUnit XML go to $OUT (or ./gpu_out). kernel_lens runs from src/; its entry points
 # (the target registry) come from a minimal dist-info, so nothing is pip-installed.
@@ -29,6 +29,17 @@ case "${1:-all}" in
     cat "$out"/pytest-trt-?.log > "$out/pytest-trt.log"
     grep -E "max_abs_diff" "$out/pytest-trt.log" > "$out/diffs-trt.txt"
     grep -hE "passed|failed|error" "$out"/pytest-trt-?.log | tail -8
+    exit $rc ;;
+  library)  # issue 17: third-party libraries through ORT (background) beside the new corpus cases
+    python3 scripts/library_conformance.py --device cuda --jobs 10 --timeout 420 \
+      --json "$out/library_gpu.json" > "$out/library_gpu.md" 2> "$out/library_gpu.log" &
+    lib=$!
+    python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_gpu_ort.py -k \
+      "constexpr_from_sizes or autotune_features or misaligned" tests/test_launchers.py \
+      tests/test_size_functions.py --junitxml="$out/junit-library.xml" > "$out/pytest-library.log" 2>&1
+    rc=$?; wait $lib || rc=1
+    grep -E "max_abs_diff" "$out/pytest-library.log" > "$out/diffs-library.txt"
+    tail -6 "$out/pytest-library.log"; tail -3 "$out/library_gpu.log"
     exit $rc ;;
   capture) tests=(tests/gpu/test_gpu_capture.py tests/test_corpus.py tests/test_capture.py tests/test_hardening.py tests/test_runtime_cpp.py) ;;
   *) tests=(tests/gpu tests/test_corpus.py tests/test_capture.py tests/test_hardening.py) ;;
