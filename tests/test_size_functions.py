@@ -112,3 +112,38 @@ def test_constexpr_of_several_sizes_gets_one_binary_per_value_of_its_interval():
     assert sorted(d.when["NB"] for d in launch.dispatch) == [1, 2, 3, 4]
     for d in launch.dispatch:
         assert ir.kernels[d.kernel].param("NB").constexpr_value == d.when["NB"]
+
+
+def test_size_function_of_a_numel_is_split_over_the_numel():
+    class Model(torch.nn.Module):
+        def forward(self, x):  # FlagGems' pointwise ops: tile = min(next_power_of_2(numel), 256)
+            out = torch.empty_like(x)
+            n = x.numel()
+            block = min(triton.next_power_of_2(n), 256)
+            corpus.blocked_scale_kernel[(triton.cdiv(n, block),)](x, out, n, NB=1, BLOCK=block)
+            return out
+
+    b, t = torch.export.Dim("b", min=2, max=8), torch.export.Dim("t", min=2, max=1024)
+    compiled = kl.compile(Model(), (torch.randn(2, 8),), dynamic_shapes=({0: b, 1: t},), arch=90)
+    (launch,) = compiled.ir.launches
+    assert sorted(d.when["BLOCK"] for d in launch.dispatch) == [4, 8, 16, 32, 64, 128, 256]
+    names = list(compiled.ir.symbols)
+    guard, grid = parse(launch.guards["BLOCK"], names), parse(launch.grid[0], names)
+    for bb in (2, 3, 8):
+        for tt in (2, 3, 5, 16, 17, 100, 1024):
+            block = min(triton.next_power_of_2(bb * tt), 256)
+            assert evaluate(guard, {"b": bb, "t": tt}) == block
+            assert evaluate(grid, {"b": bb, "t": tt}) == triton.cdiv(bb * tt, block)
+
+
+def test_a_dim_the_code_fixes_to_a_constant_is_named_with_its_value():
+    from kernel_lens.frontends.trace import _constraint_violation
+
+    text = ("Constraints violated (m)! For more information, run with TORCH_LOGS=\"+dynamic\".\n"
+            "  - You marked m as dynamic but your code specialized it to be a constant (16). If "
+            "you're using mark_dynamic, either remove it or use maybe_mark_dynamic.\n"
+            "Suggested fixes:\n  m = 16")  # torchao's blockwise_fp8_gemm on the H200, torch 2.11
+    message = _constraint_violation(text)
+    assert message.startswith("torch.export rejects the declared dynamic range of Dim 'm': the "
+                              "model's code fixes it to the example's size (m = 16)")
+    assert message.endswith("declare instead: m = 16") and "\n" not in message

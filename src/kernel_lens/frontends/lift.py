@@ -257,7 +257,8 @@ class _Symbols:
         if isinstance(value, (torch.SymInt, torch.SymBool)):
             raw = value.node.shape_env.replace(value.node.expr)
             try:  # next_power_of_2 and friends: exact step functions over the declared range
-                raw = size_functions.rewrite(raw, value.node.shape_env.var_to_range)
+                ranges = value.node.shape_env.var_to_range
+                raw = size_functions.tighten(size_functions.rewrite(raw, ranges), ranges)
             except SymbolicError as exc:
                 raise TraceError(f"{what} = {raw}: {exc}") from None
             plain = to_plain_sympy(raw)

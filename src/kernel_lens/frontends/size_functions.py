@@ -161,21 +161,67 @@ def step_form(parts: list[tuple[int, int, int]], sym: sympy.Symbol) -> sympy.Exp
     return expr
 
 
+def _has_foreign(expr: Any) -> bool:
+    return isinstance(expr, sympy.Basic) and any(_foreign(a) for a in sympy.preorder_traversal(expr))
+
+
+def one_variable(expr: sympy.Expr, ranges: dict) -> tuple[sympy.Expr, sympy.Symbol, Any, dict]:
+    """``expr`` of several sizes written as a function of one sub-expression ``g`` of them (e.g.
+    ``next_power_of_2(B*T)`` of ``u = B*T``): ``(expr in u, u, g, ranges with u's interval)``.
+    Raises SymbolicError when no such ``g`` (free of foreign functions) exists."""
+    free = expr.free_symbols
+    candidates = sorted({a for a in sympy.preorder_traversal(expr)
+                         if isinstance(a, sympy.Expr) and not a.is_Atom and a.free_symbols == free
+                         and not _has_foreign(a)}, key=lambda a: (sympy.count_ops(a), str(a)))
+    u = sympy.Symbol("_kl_u", integer=True)
+    for g in candidates:
+        in_u = expr.xreplace({g: u})
+        if in_u.free_symbols == {u}:
+            box = {s: ValueRanges(*_bounds(ranges, s)) for s in free}
+            vr = bound_sympy(g, box)
+            if getattr(vr.lower, "is_Integer", False) and getattr(vr.upper, "is_Integer", False):
+                return in_u, u, g, {**ranges, u: ValueRanges(int(vr.lower), int(vr.upper))}
+    raise SymbolicError(f"{expr} depends on {len(free)} sizes ({', '.join(sorted(map(str, free)))}) "
+                        f"other than through one expression of them")
+
+
 def rewrite(expr: Any, ranges: dict) -> Any:
     """``expr`` with every maximal sub-expression the grammar cannot spell replaced by its exact
-    step-function form over the declared range."""
-    if not isinstance(expr, sympy.Basic) or not any(_foreign(a) for a in sympy.preorder_traversal(expr)):
+    step-function form over the declared range (of one size, or of one expression of several,
+    such as a numel)."""
+    if not _has_foreign(expr):
         return expr
-    if len(expr.free_symbols) == 1:  # the largest piecewise-constant sub-expression wins
-        try:
+    try:  # the largest piecewise-constant sub-expression wins
+        if len(expr.free_symbols) == 1:
             (sym,) = expr.free_symbols
             return step_form(pieces(expr, ranges), sym)
-        except SymbolicError:
-            if _foreign(expr):
-                raise
-    elif _foreign(expr):
-        pieces(expr, ranges)  # raises, naming the sizes
+        in_u, u, g, with_u = one_variable(expr, ranges)
+        return step_form(pieces(in_u, with_u), u).xreplace({u: g})
+    except SymbolicError:
+        if _foreign(expr):
+            raise
     return expr.func(*(rewrite(a, ranges) for a in expr.args))
+
+
+def tighten(expr: Any, ranges: dict) -> Any:
+    """``Max(a, b)``/``Min(a, b)`` decided by the declared ranges where interval evaluation proves
+    one side never smaller/larger (torch writes ``Max(1, seq//4)`` for strides; over seq >= 4 it
+    is ``seq//4``)."""
+    if not isinstance(expr, sympy.Basic) or expr.is_Atom:
+        return expr
+    args = [tighten(a, ranges) for a in expr.args]
+    name = type(expr).__name__
+    if name in ("Max", "Min") and len(args) == 2 and all(isinstance(a, sympy.Expr) for a in args):
+        try:
+            box = {s: ValueRanges(*_bounds(ranges, s)) for s in (args[0] - args[1]).free_symbols}
+            vr = bound_sympy(args[0] - args[1], box)
+        except SymbolicError:
+            vr = None
+        if vr is not None and vr.lower >= 0:
+            return args[0] if name == "Max" else args[1]
+        if vr is not None and vr.upper <= 0:
+            return args[1] if name == "Max" else args[0]
+    return expr.func(*args) if args != list(expr.args) else expr
 
 
 def constexpr_values(expr: sympy.Expr, ranges: dict, limit: int) -> list[tuple[int, int, int]]:
@@ -193,6 +239,9 @@ def constexpr_values(expr: sympy.Expr, ranges: dict, limit: int) -> list[tuple[i
             # several sizes (cdiv(B*T, 2048)): every value the interval allows gets a binary;
             # the expression itself is the guard (no piece boundaries needed)
             return [(v, None, None) for v in range(int(vr.lower), int(vr.upper) + 1)]
+        if len(free) > 1:  # next_power_of_2(B*T): pieces over u = B*T
+            in_u, u, _, with_u = one_variable(expr, ranges)
+            return pieces(in_u, with_u, limit)
     return pieces(expr, ranges, limit)
 
 

@@ -404,9 +404,11 @@ def _constraint_violation(text: str) -> str | None:
         guard = _user_terms(m.group(4).strip().rstrip("."))
         if guard not in needs:
             needs.append(guard)
-    specialized = [_user_terms(m.group(0).strip()) for m in re.finditer(
-        r"^.*(?:must be specialized|specialized it to be|was inferred to be a constant).*$",
-        text, re.M)]
+    specialized = [f"{m.group(1)} = {m.group(2)}" for m in re.finditer(
+        r"You marked (\w+) as dynamic but your code specialized it to be a constant \((\d+)\)",
+        text)]
+    specialized += [_user_terms(m.group(0).strip().lstrip("- ")) for m in re.finditer(
+        r"^.*(?:must be specialized|was inferred to be a constant).*$", text, re.M)]
     fixes = text.split("Suggested fixes:", 1)[1] if "Suggested fixes:" in text else ""
     fix_lines = [ln.strip() for ln in fixes.splitlines() if ln.strip() and "=" in ln
                  and not ln.strip().startswith(("torch.", "Traceback", "File", "During"))][:4]
@@ -414,12 +416,18 @@ def _constraint_violation(text: str) -> str | None:
     for dim in dims:
         where, rng = declared.get(dim, (None, None))
         parts.append(f"Dim {dim!r}" + (f" ({where}, declared {rng})" if where else ""))
-    message = (f"torch.export rejects the declared dynamic range of {', '.join(parts)}: "
-               f"the model's code only works for sizes where "
-               f"{' and '.join(needs) if needs else '; '.join(specialized) or 'a guard holds'}")
+    if needs:
+        what = f"the model's code only works for sizes where {' and '.join(needs)}"
+    elif specialized:
+        what = (f"the model's code fixes it to the example's size ({'; '.join(specialized)}), "
+                f"so it cannot be dynamic: mark it static, or find the code that makes the size "
+                f"a constant (a branch, a .item(), an int() of it)")
+    else:
+        what = "the model's code only works for part of that range"
+    message = f"torch.export rejects the declared dynamic range of {', '.join(parts)}: {what}"
     if fix_lines:
         message += f"; declare instead: {'; '.join(fix_lines)}"
-    else:
+    elif needs:
         message += "; narrow the Dim's min/max to where this holds, or mark the dim static"
     return message
 
