@@ -121,3 +121,13 @@ def test_library_autotuner_subclass_runs_as_tritons_autotuner_under_export():
     assert launch.grid[0] == "floor(n/32 + 31/32)"  # the first config's BLOCK, symbolic grid
     assert compiled.ir.kernels[launch.kernel].param("BLOCK").constexpr_value == 32
     torch.testing.assert_close(compiled.example_outputs, x * 3.0)
+
+
+def test_library_launcher_over_a_library_autotuner_keeps_the_config():
+    x = torch.randn(300)
+    compiled = kl.compile(m.WrappedAutotunerSubclassModel(), (x,), dynamic_shapes=({0: N},),
+                          arch=90)
+    (launch,) = compiled.ir.launches
+    assert compiled.ir.kernels[launch.kernel].param("BLOCK").constexpr_value == 32
+    assert launch.grid[0] == "floor(n/32 + 31/32)"
+    torch.testing.assert_close(compiled.example_outputs, x * 3.0)

@@ -194,3 +194,14 @@ class AutotunerSubclassModel(torch.nn.Module):
         n = x.numel()
         scale_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, out, n, 3.0)
         return out
+
+
+cached_tuned = CachingLauncher(_keyed_autotune(scale_kernel))  # FlagGems: LibEntry(LibTuner(jit))
+
+
+class WrappedAutotunerSubclassModel(torch.nn.Module):
+    def forward(self, x):
+        out = torch.empty_like(x)
+        n = x.numel()
+        cached_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, out, n, 3.0)
+        return out

@@ -58,14 +58,14 @@ def triton_launcher_under(wrapper: Any) -> Any:
     library's wrapper: followed through ``.fn`` (as Triton's autotuner and heuristics nest), or
     the one KernelInterface attribute the wrapper holds; for a library's subclass of Triton's
     Autotuner or Heuristics, Triton's own class's ``run`` on it."""
-    for base in (tc.Autotuner, tc.Heuristics):  # a library's subclass (fla's CachedAutotuner)
-        if isinstance(wrapper, base):
-            return _BaseLauncher(base, wrapper)
     node, hops = wrapper, 0
     while hops < 16:
         hops += 1
         if isinstance(node, tc.KernelInterface) and _is_triton_own(type(node)):
             return node
+        for base in (tc.Autotuner, tc.Heuristics):  # a library's subclass (fla's CachedAutotuner,
+            if isinstance(node, base):              # FlagGems' LibTuner under its LibEntry)
+                return _BaseLauncher(base, node)
         inner = getattr(node, "fn", None)
         if not isinstance(inner, tc.KernelInterface):
             held = [v for v in vars(node).values() if isinstance(v, tc.KernelInterface)] \

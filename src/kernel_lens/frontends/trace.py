@@ -100,7 +100,13 @@ class _Tracer:
         args, kwargs = tensor_likes.replace(
             [p.name for p in innermost_jit(jit_fn).params], args, kwargs,
             lambda obj, name: self.tokens.view(obj, kernel, name))
-        params = tc.bind_params(jit_fn, args, kwargs)
+        try:
+            params = tc.bind_params(jit_fn, args, kwargs)
+        except TypeError as exc:
+            raise TraceError(f"kernel {kernel}: its launch under torch.export does not bind to "
+                             f"its parameters ({exc}); a launcher between the call and the "
+                             f"kernel supplies them, and kernel_lens found none that does "
+                             f"(autotuners and heuristics are followed through .fn)") from None
         check_arguments(jit_fn, params)
         guards, domains = {}, {}
         for p in jit_fn.params:
