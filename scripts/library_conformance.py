@@ -91,7 +91,7 @@ def literal(path: Path, name: str, default=None):
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else ""
+    return text.splitlines()[0][:2000] if text else ""
 
 
 def _frames(exc: BaseException, roots: list[str], keep: int = 4) -> list[str]:
@@ -377,7 +377,7 @@ def cell(result: dict) -> str:
     if status == "ok":
         return "ok"
     kind = "error" if status == "error" else status
-    text = f"{kind}: {result.get('type', '')}: {result.get('message', '')}"
+    text = f"{kind}: {result.get('type', '')}: {result.get('message', '')[:300]}"
     return text.replace("|", "\\|").replace("\n", " ")[:220]
 
 

@@ -131,3 +131,13 @@ def test_library_launcher_over_a_library_autotuner_keeps_the_config():
     assert compiled.ir.kernels[launch.kernel].param("BLOCK").constexpr_value == 32
     assert launch.grid[0] == "floor(n/32 + 31/32)"
     torch.testing.assert_close(compiled.example_outputs, x * 3.0)
+
+
+def test_library_autotuner_that_picks_its_own_config_keeps_it_under_export():
+    x = torch.randn(300)
+    compiled = kl.compile(m.OwnTunerModel(), (x,), dynamic_shapes=({0: N},), arch=90)
+    (launch,) = compiled.ir.launches
+    kernel = compiled.ir.kernels[launch.kernel]
+    assert kernel.param("BLOCK").constexpr_value == 128 and kernel.options.num_warps == 8
+    assert launch.grid[0] == "floor(n/128 + 127/128)"
+    torch.testing.assert_close(compiled.example_outputs, x * 3.0)

@@ -205,3 +205,26 @@ class WrappedAutotunerSubclassModel(torch.nn.Module):
         n = x.numel()
         cached_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, out, n, 3.0)
         return out
+
+
+class OwnTuner(triton.runtime.Autotuner):
+    """As FlagGems' LibTuner: an Autotuner subclass whose ``run`` picks the config itself (here
+    the last one) and launches without Triton's Autotuner.run."""
+
+    def run(self, *args, **kwargs):
+        config = self.configs[-1]
+        self.best_config = config
+        return self.fn.run(*args, **kwargs, **config.all_kwargs())
+
+
+own_tuned = CachingLauncher(OwnTuner(scale_kernel, scale_kernel.arg_names,
+                                     [triton.Config({"BLOCK": 32}), triton.Config({"BLOCK": 128}, num_warps=8)],
+                                     key=["n"], reset_to_zero=None, restore_value=None))
+
+
+class OwnTunerModel(torch.nn.Module):
+    def forward(self, x):
+        out = torch.empty_like(x)
+        n = x.numel()
+        own_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, out, n, 3.0)
+        return out

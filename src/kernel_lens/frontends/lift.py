@@ -187,10 +187,10 @@ def guard_variants(captured: list[CapturedLaunch], traced: list[TracedLaunch]):
         count = 1
         for d in domains:
             count *= len(d)
-        if count > 16:
+        if count > 32:
             raise UnsupportedKernelError(
                 f"kernel {kernel_name(cap.jit)}: constexprs {names} depend on dynamic dims and "
-                f"together need {count} binaries; at most 16 are supported: narrow the Dim "
+                f"together need {count} binaries; at most 32 are supported: narrow the Dim "
                 f"ranges or mark dims static")
         for values in itertools.product(*domains):
             when = dict(zip(names, values))

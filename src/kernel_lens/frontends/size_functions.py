@@ -29,6 +29,11 @@ MAX_PIECES = 64  # pieces a rewritten sub-expression may have
 _MAX_PROBES = 20000  # interval evaluations spent looking for the pieces
 
 
+def _brief(expr: Any, limit: int = 100) -> str:
+    text = str(expr)
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
 def _foreign(expr: sympy.Basic) -> bool:
     return type(expr).__name__.startswith(_FOREIGN)
 
@@ -55,7 +60,7 @@ def pieces(expr: sympy.Expr, ranges: dict, limit: int = MAX_PIECES) -> list[tupl
     narrow enough to evaluate every point exactly (int64 numpy, checked against overflow)."""
     free = sorted(expr.free_symbols, key=str)
     if len(free) != 1:
-        raise SymbolicError(f"{expr} depends on {len(free)} sizes ({', '.join(map(str, free))}); "
+        raise SymbolicError(f"{_brief(expr)} depends on {len(free)} sizes ({', '.join(map(str, free))}); "
                             f"kernel_lens splits functions of one size only")
     sym = free[0]
     lo, hi = _bounds(ranges, sym)
@@ -65,7 +70,7 @@ def pieces(expr: sympy.Expr, ranges: dict, limit: int = MAX_PIECES) -> list[tupl
         a, b = todo.pop()
         probes += 1
         if probes > _MAX_PROBES:
-            raise SymbolicError(f"{expr} over {sym} in [{lo}, {hi}] could not be split into "
+            raise SymbolicError(f"{_brief(expr)} over {sym} in [{lo}, {hi}] could not be split into "
                                 f"constant pieces within {_MAX_PROBES} evaluations")
         if b - a < _DENSE:
             out += _dense_pieces(expr, sym, a, b)
@@ -80,7 +85,7 @@ def pieces(expr: sympy.Expr, ranges: dict, limit: int = MAX_PIECES) -> list[tupl
             break
     merged = _merged(out)
     if len(merged) > limit:
-        raise SymbolicError(f"{expr} takes more than {limit} values over {sym} in [{lo}, {hi}]")
+        raise SymbolicError(f"{_brief(expr)} takes more than {limit} values over {sym} in [{lo}, {hi}]")
     return merged
 
 
@@ -138,7 +143,7 @@ def _evaluate(expr: sympy.Basic, sym: sympy.Symbol, n: np.ndarray, memo: dict) -
         else:
             raise SymbolicError(f"cannot evaluate {name} in {expr} exactly")
         if np.any(np.abs(out) > _LIMIT):
-            raise SymbolicError(f"{expr} leaves the int64 range over the declared sizes")
+            raise SymbolicError(f"{_brief(expr)} leaves the int64 range over the declared sizes")
     memo[expr] = out
     return out
 
@@ -181,7 +186,7 @@ def one_variable(expr: sympy.Expr, ranges: dict) -> tuple[sympy.Expr, sympy.Symb
             vr = bound_sympy(g, box)
             if getattr(vr.lower, "is_Integer", False) and getattr(vr.upper, "is_Integer", False):
                 return in_u, u, g, {**ranges, u: ValueRanges(int(vr.lower), int(vr.upper))}
-    raise SymbolicError(f"{expr} depends on {len(free)} sizes ({', '.join(sorted(map(str, free)))}) "
+    raise SymbolicError(f"{_brief(expr)} depends on {len(free)} sizes ({', '.join(sorted(map(str, free)))}) "
                         f"other than through one expression of them")
 
 
@@ -250,5 +255,5 @@ def value_range(expr: sympy.Expr, ranges: dict) -> tuple[int, int]:
     box = {s: ValueRanges(*_bounds(ranges, s)) for s in expr.free_symbols}
     vr = bound_sympy(expr, box)
     if not (getattr(vr.lower, "is_Integer", False) and getattr(vr.upper, "is_Integer", False)):
-        raise SymbolicError(f"{expr} has no finite bounds over the declared ranges")
+        raise SymbolicError(f"{_brief(expr)} has no finite bounds over the declared ranges")
     return int(vr.lower), int(vr.upper)

@@ -155,12 +155,20 @@ class _Tracer:
     def autotune_run(self, tuner: Any, args: tuple, kwargs: dict) -> Any:
         captured = self._expect(tuner)
         config = captured.autotune_config
+        if config is None:
+            # a library's autotuner (FlagGems' LibTuner) chose the config itself in the eager
+            # forward without Triton's Autotuner.run: launch with what it launched with
+            jit = innermost_jit(tuner)
+            given = set(tc.bind_partial_names(jit, args, kwargs))
+            chosen = {p.name: captured.params[p.name] for p in jit.params
+                      if p.is_constexpr and p.name not in given}
+            return tuner.fn.run(*args, **kwargs, **chosen, **captured.options)
         if config.pre_hook is not None:
             config.pre_hook({**dict(zip(tuner.arg_names, args)), **kwargs, **config.all_kwargs()})
         return tuner.fn.run(*args, **kwargs, **config.all_kwargs())
 
 
-MAX_CONSTEXPR_VALUES = 8  # binaries one constexpr computed from sizes may need
+MAX_CONSTEXPR_VALUES = 16  # binaries one constexpr computed from sizes may need
 
 
 def _constexpr_values(kernel: str, name: str, value: Any, captured: Any) -> list[int]:

@@ -56,6 +56,12 @@ def bind_params(jit_fn: JITFunction, args: tuple, kwargs: dict) -> dict[str, Any
     return dict(bound.arguments)
 
 
+def bind_partial_names(jit_fn: JITFunction, args: tuple, kwargs: dict) -> list[str]:
+    """The parameters a launch's own arguments give (positionally or by keyword)."""
+    names = [p.name for p in jit_fn.params]
+    return names[:len(args)] + [k for k in kwargs if k in names]
+
+
 def is_constexpr_param(jit_fn: JITFunction, name: str) -> bool:
     return any(p.name == name and p.is_constexpr for p in jit_fn.params)
 
