@@ -147,3 +147,35 @@ def test_a_dim_the_code_fixes_to_a_constant_is_named_with_its_value():
     assert message.startswith("torch.export rejects the declared dynamic range of Dim 'm': the "
                               "model's code fixes it to the example's size (m = 16)")
     assert message.endswith("declare instead: m = 16") and "\n" not in message
+
+
+def test_true_division_under_ceil_is_exact():
+    import math
+
+    class Model(torch.nn.Module):
+        def forward(self, x):  # FlagGems' cumsum: part_num = math.ceil(B / BLOCK_SIZE)
+            out = torch.empty_like(x)
+            n = x.shape[0]
+            block = triton.next_power_of_2(n) if n <= 4096 else 1024
+            parts = math.ceil(n / block)
+            corpus.blocked_scale_kernel[(parts * triton.cdiv(n, block),)](x, out, n, NB=1,
+                                                                          BLOCK=block)
+            return out
+
+    n = torch.export.Dim("n", min=2, max=2048)
+    ir = kl.compile(Model(), (torch.randn(8),), dynamic_shapes=({0: n},), arch=90).ir
+    names = list(ir.symbols)
+    grid = parse(ir.launches[0].grid[0], names)
+    for v in (2, 3, 8, 9, 25, 1000, 2048):  # 1 at every size (it was 0 off powers of two)
+        assert evaluate(grid, {"n": v}) == 1
+
+
+def test_a_wrong_translation_is_caught_before_it_reaches_the_ir():
+    from torch.utils._sympy.functions import CeilToInt, IntTrueDiv
+
+    s = sympy.Symbol("s0", integer=True, positive=True)
+    n = sympy.Symbol("s0", integer=True, nonnegative=True)  # the IR's symbol of the same name
+    torch_expr = CeilToInt(IntTrueDiv(s, 32))
+    sf.check_same(torch_expr, sympy.ceiling(n / 32), {s: ValueRanges(2, 2048)}, "ok")
+    with pytest.raises(Exception, match="kernel_lens bug"):
+        sf.check_same(torch_expr, sympy.floor(n / 32), {s: ValueRanges(2, 2048)}, "grid[0]")

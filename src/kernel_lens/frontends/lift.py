@@ -255,13 +255,14 @@ class _Symbols:
         if isinstance(value, int):
             return str(value)
         if isinstance(value, (torch.SymInt, torch.SymBool)):
-            raw = value.node.shape_env.replace(value.node.expr)
+            torch_expr = value.node.shape_env.replace(value.node.expr)
+            ranges = value.node.shape_env.var_to_range
             try:  # next_power_of_2 and friends: exact step functions over the declared range
-                ranges = value.node.shape_env.var_to_range
-                raw = size_functions.tighten(size_functions.rewrite(raw, ranges), ranges)
+                raw = size_functions.tighten(size_functions.rewrite(torch_expr, ranges), ranges)
             except SymbolicError as exc:
-                raise TraceError(f"{what} = {raw}: {exc}") from None
+                raise TraceError(f"{what} = {torch_expr}: {exc}") from None
             plain = to_plain_sympy(raw)
+            size_functions.check_same(torch_expr, plain, ranges, what)
             plain = plain.xreplace({s: self.rename.get(s, self.rename.get(
                 sympy.Symbol(s.name, integer=True, nonnegative=True), s)) for s in plain.free_symbols})
             unknown = {s.name for s in plain.free_symbols} - set(self.table)

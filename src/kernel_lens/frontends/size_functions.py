@@ -257,3 +257,54 @@ def value_range(expr: sympy.Expr, ranges: dict) -> tuple[int, int]:
     if not (getattr(vr.lower, "is_Integer", False) and getattr(vr.upper, "is_Integer", False)):
         raise SymbolicError(f"{_brief(expr)} has no finite bounds over the declared ranges")
     return int(vr.lower), int(vr.upper)
+
+
+def _samples(lo: int, hi: int) -> list[int]:
+    picks = {lo, hi, (lo + hi) // 2, min(hi, lo + 1), min(hi, lo + 2)}
+    for k in range(1, 63):
+        for v in (2 ** k - 1, 2 ** k, 2 ** k + 1, 3 * 2 ** k - 1):
+            if lo <= v <= hi:
+                picks.add(v)
+    return sorted(picks)
+
+
+_CHECKED: set = set()  # (torch expression, IR form) pairs already checked in this process
+
+
+def check_same(torch_expr: Any, plain: Any, ranges: dict, what: str) -> None:
+    """The IR's form of a size expression equals torch's own at sample sizes over the declared
+    ranges (range ends, powers of two and their neighbours; at most ~300 points per symbol, all
+    symbols moved together and one at a time): a translation that is wrong anywhere it is
+    sampled stops the compile instead of giving wrong launches."""
+    if not isinstance(torch_expr, sympy.Basic) or not torch_expr.free_symbols \
+            or not torch_expr.atoms(sympy.Function):  # plain polynomials translate as they are
+        return
+    key = (torch_expr, plain, tuple(sorted((str(s), str(ranges.get(s))) for s in torch_expr.free_symbols)))
+    if key in _CHECKED:
+        return
+    _CHECKED.add(key)
+    syms = sorted(torch_expr.free_symbols, key=str)
+    try:
+        bounds = {s: _bounds(ranges, s) for s in syms}
+    except SymbolicError:
+        bounds = {s: (2, 1 << 20) for s in syms}
+    points = {s: _samples(*b) for s, b in bounds.items()}
+    hints = {s: points[s][len(points[s]) // 2] for s in syms}
+    trials = [dict(hints)]
+    for s in syms:
+        trials += [{**hints, s: v} for v in points[s]]
+    by_name = {str(s): s for s in plain.free_symbols} if isinstance(plain, sympy.Basic) else {}
+    for trial in trials:
+        want = torch_expr.xreplace({s: sympy.Integer(v) for s, v in trial.items()})
+        got = plain.xreplace({by_name[str(s)]: sympy.Integer(v) for s, v in trial.items()
+                              if str(s) in by_name}) if by_name else plain
+        try:
+            same = bool(sympy.simplify(sympy.Integer(int(want)) - sympy.Integer(int(got))) == 0) \
+                if not isinstance(want, sympy.logic.boolalg.BooleanAtom) else want == got
+        except (TypeError, ValueError):
+            same = want == got
+        if not same:
+            at = ", ".join(f"{s}={v}" for s, v in trial.items())
+            raise SymbolicError(f"{what}: kernel_lens's form {_brief(plain)} of torch's "
+                                f"{_brief(torch_expr)} gives {got} at {at} where torch gives "
+                                f"{want}; this is a kernel_lens bug: please report it")

@@ -224,7 +224,9 @@ def to_plain_sympy(expr: object) -> sympy.Expr:
         raise SymbolicError(f"non-integer constant {expr} in a shape expression")
     args = [to_plain_sympy(a) for a in expr.args]
     name = type(expr).__name__
-    if name in ("FloorDiv", "CleanDiv", "IntTrueDiv") or (name == "FloorToInt" and len(args) == 1):
+    if name == "IntTrueDiv":  # int / int as a real (math.ceil(a / b) wraps it in CeilToInt)
+        return args[0] / args[1]
+    if name in ("FloorDiv", "CleanDiv") or (name == "FloorToInt" and len(args) == 1):
         if len(args) == 1:
             return sympy.floor(args[0])
         return sympy.floor(args[0] / args[1])
