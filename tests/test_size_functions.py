@@ -179,3 +179,25 @@ def test_a_wrong_translation_is_caught_before_it_reaches_the_ir():
     sf.check_same(torch_expr, sympy.ceiling(n / 32), {s: ValueRanges(2, 2048)}, "ok")
     with pytest.raises(Exception, match="kernel_lens bug"):
         sf.check_same(torch_expr, sympy.floor(n / 32), {s: ValueRanges(2, 2048)}, "grid[0]")
+
+
+def test_size_function_of_a_scaled_numel():
+    class Model(torch.nn.Module):
+        def forward(self, x):  # FlagGems' heuristics_for_tile_size(512, numel) of a (b, t, 64)
+            out = torch.empty_like(x)
+            n = x.numel()
+            block = min(triton.next_power_of_2(n), 512)
+            corpus.blocked_scale_kernel[(triton.cdiv(n, block),)](x, out, n, NB=1, BLOCK=block)
+            return out
+
+    b, t = torch.export.Dim("b", min=1 + 1, max=8), torch.export.Dim("t", min=2, max=2048)
+    ir = kl.compile(Model(), (torch.randn(2, 8, 64),), dynamic_shapes=({0: b, 1: t},), arch=90).ir
+    (launch,) = ir.launches
+    assert sorted(d.when["BLOCK"] for d in launch.dispatch) == [256, 512]  # 256 only at b*t = 4
+    names = list(ir.symbols)
+    guard, grid = parse(launch.guards["BLOCK"], names), parse(launch.grid[0], names)
+    for bb in (2, 3, 8):
+        for tt in (2, 3, 7, 64, 2048):
+            block = min(triton.next_power_of_2(64 * bb * tt), 512)
+            assert evaluate(guard, {"b": bb, "t": tt}) == block
+            assert evaluate(grid, {"b": bb, "t": tt}) == triton.cdiv(64 * bb * tt, block)

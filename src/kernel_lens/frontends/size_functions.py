@@ -179,8 +179,9 @@ def one_variable(expr: sympy.Expr, ranges: dict) -> tuple[sympy.Expr, sympy.Symb
                          if isinstance(a, sympy.Expr) and not a.is_Atom and a.free_symbols == free
                          and not _has_foreign(a)}, key=lambda a: (sympy.count_ops(a), str(a)))
     u = sympy.Symbol("_kl_u", integer=True)
-    for g in candidates:
-        in_u = expr.xreplace({g: u})
+    product = sympy.Mul(*sorted(free, key=str))  # a numel: torch spreads its factors (32*B*T)
+    for g in [product, *candidates]:
+        in_u = expr.subs(g, u) if g is product else expr.xreplace({g: u})
         if in_u.free_symbols == {u}:
             box = {s: ValueRanges(*_bounds(ranges, s)) for s in free}
             vr = bound_sympy(g, box)
