@@ -409,6 +409,12 @@ class _GraphBuilder:
             if sub.op == "call_function":
                 order = self._node(sub, order, depth + 1)
         result = next(n for n in subs if n.op == "output").args[0]
+        leaves = result if isinstance(result, (list, tuple)) else [result]
+        if not all(isinstance(r, torch.fx.Node) for r in leaves):
+            raise UnsupportedKernelError(
+                f"torch op {node.target} (node {node.name}) decomposes to a graph whose result is "
+                f"a constant ({[r for r in leaves if not isinstance(r, torch.fx.Node)][:3]}), not "
+                f"a tensor; kernel_lens cannot lower it: compute it outside the compiled forward")
         if isinstance(node.meta.get("val"), (list, tuple)):
             for i, r in enumerate(result):
                 self.alias[f"{node.name}_{i}"] = self.alias.get(r.name, r.name)
