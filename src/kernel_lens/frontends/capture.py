@@ -20,6 +20,7 @@ import torch
 from ..errors import CaptureError, KernelLensError, UnsupportedKernelError
 from . import launchers, tensor_likes
 from . import triton_compat as tc
+from .patching import patched as _patched
 
 log = logging.getLogger(__name__)
 
@@ -129,16 +130,6 @@ def check_arguments(jit_fn: Any, params: dict[str, Any]) -> None:
         raise UnsupportedKernelError(f"kernel {kernel}: argument {name!r} of type {kind}: {hint}")
     if len(devices) > 1:
         raise CaptureError(f"kernel {kernel}: tensor arguments live on different devices {devices}")
-
-
-@contextlib.contextmanager
-def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
-    old = obj.__dict__[name]
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        setattr(obj, name, old)
 
 
 _interpreted: dict[int, Any] = {}

@@ -46,6 +46,7 @@ from typing import Any, Iterable, Iterator, Mapping
 import numpy as np
 
 from ..errors import CaptureError
+from .patching import patched as _patched
 
 _U64_MAX = np.iinfo(np.uint64).max
 
@@ -254,16 +255,6 @@ _WRAPPERS = {
     "create_atomic_rmw": _wrap_atomic_rmw,
     "create_atomic_cas": _wrap_atomic_cas,
 }
-
-
-@contextlib.contextmanager
-def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
-    old = obj.__dict__[name]
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        setattr(obj, name, old)
 
 
 @contextlib.contextmanager
