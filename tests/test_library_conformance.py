@@ -1,0 +1,34 @@
+"""Real third-party Triton kernels on the CPU host, as a user calls them: fla-core ops (an
+autotuner with a disk cache, a library Autotuner subclass, constexprs from sizes) and PyTorch's
+two ``torch.library`` patterns, each in its own process through ``scripts/library_conformance.py``
+(the same runner the H200 run uses; see docs/library_conformance.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import ROOT
+
+CASES = ["fla_l2norm", "fla_layer_norm", "fla_chunk_local_cumsum", "fla_rotary",
+         "torchlib_custom_op", "torchlib_triton_op", "fla_group_norm"]
+
+
+def test_library_cases_compile_or_fail_in_one_typed_line(tmp_path):
+    out = tmp_path / "results.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "library_conformance.py"),
+                           *CASES, "--phases", "compile", "--jobs", "2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=1500, cwd=ROOT)
+    assert out.exists(), proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    results = {r["case"]: r["compile"] for r in (data["results"] if isinstance(data, dict) else data)}
+    assert set(results) == set(CASES)
+    for case in CASES[:-1]:
+        result = results[case]
+        assert result["status"] == "compiled", (case, result.get("message"))
+        assert result.get("matches_reference", True), (case, result.get("max_abs_diff"))
+    # a constexpr with 32 values over the declared range: refused in one typed line
+    refused = results["fla_group_norm"]
+    assert refused["status"] == "error" and refused["type"] == "DynamicConstexprError"
+    assert "\n" not in refused["message"] and "at most 16" in refused["message"]
