@@ -15,6 +15,7 @@ Serving the compiled model needs a GPU: tests/gpu/test_gpu_serving.py."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -207,7 +208,18 @@ def test_cli_export_triton(toy, tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert f"config: {tmp_path / 'repo' / 'toy' / 'config.pbtxt'}" in proc.stdout
-    assert f"LD_LIBRARY_PATH={tmp_path / 'repo' / 'toy' / '1'}:$LD_LIBRARY_PATH" in proc.stderr
+    # no trailing ':' when LD_LIBRARY_PATH is unset (an empty entry searches the current folder)
+    assert (f"LD_LIBRARY_PATH={tmp_path / 'repo' / 'toy' / '1'}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"
+            in proc.stderr)
+    assert ":$LD_LIBRARY_PATH " not in proc.stderr
+    form = proc.stderr.split("LD_LIBRARY_PATH=", 1)[1].split(" ", 1)[0]  # as a shell runs it
+    for before, after in ((None, ""), ("/opt/lib", ":/opt/lib")):
+        env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+        if before:
+            env["LD_LIBRARY_PATH"] = before
+        shown = subprocess.run(["bash", "-c", f"LD_LIBRARY_PATH={form} bash -c 'echo $LD_LIBRARY_PATH'"],
+                               capture_output=True, text=True, env=env).stdout.strip()
+        assert shown == f"{tmp_path / 'repo' / 'toy' / '1'}{after}"
     assert _parse(tmp_path / "repo" / "toy" / "config.pbtxt").instance_group[0].count == 3
     bad = subprocess.run([*cli, str(toy), "-o", str(tmp_path / "repo"), "--name", "a/b"],
                          capture_output=True, text=True, timeout=300)

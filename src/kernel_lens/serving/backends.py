@@ -9,6 +9,7 @@ interface from the ONNX graph, names, the atomic write. A new kind is one more c
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +52,11 @@ class BackendConfig:
     notes: list[str] = field(default_factory=list)  # comment lines at the top of config.pbtxt
 
 
+# Appends the caller's LD_LIBRARY_PATH only when it is set: "dir:$LD_LIBRARY_PATH" with it unset
+# leaves a trailing ":", and an empty entry makes the dynamic loader search the current folder.
+_REST = '${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}'
+
+
 class TritonBackend:
     """Base class: a kind of Triton model a kernel_lens model is exported as."""
 
@@ -82,14 +88,15 @@ class OnnxRuntimeBackend(TritonBackend):
             platform="onnxruntime_onnx", instance_kind="KIND_GPU", default_model_filename=MODEL_FILE,
             cuda_options=dict(CUDA_OPTIONS), op_libraries=[source.library.name],
             notes=["op_library_filename is a bare file name: ONNX Runtime dlopen()s it as given, so",
-                   f"start tritonserver with LD_LIBRARY_PATH=<this folder>/{VERSION}:$LD_LIBRARY_PATH",
+                   f"start tritonserver with LD_LIBRARY_PATH=<this folder>/{VERSION}{_REST}",
                    "(or replace it with the library's absolute path); see docs/serving.md."])
 
     def deployment_notes(self, model_dir: Path, source: CompiledArtifacts) -> list[str]:
         folder = (model_dir / VERSION).absolute()
         return [f"op_library_filename is the bare name {source.library.name}: start tritonserver "
-                f"with LD_LIBRARY_PATH={folder}:$LD_LIBRARY_PATH (ONNX Runtime dlopen()s the name as "
-                f"given; a relative path would resolve against the server's working folder)"]
+                f"with LD_LIBRARY_PATH={shlex.quote(str(folder))}{_REST} (ONNX Runtime dlopen()s "
+                f"the name as given; a relative path would resolve against the server's working "
+                f"folder)"]
 
 
 class PythonBackend(TritonBackend):
