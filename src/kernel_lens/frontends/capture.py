@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -20,6 +21,7 @@ import torch
 from ..errors import CaptureError, KernelLensError, UnsupportedKernelError
 from . import launchers, tensor_likes
 from . import triton_compat as tc
+from .interpreter_bounds import checked_memory, tensor_ranges
 from .patching import patched as _patched
 
 log = logging.getLogger(__name__)
@@ -312,7 +314,6 @@ def interpret_launch(jit_fn: Any, args: tuple, kwargs: dict, grid: tuple,
             _patched(interpreter, "_patch_lang", _patch_lang_libdevice), \
             _patched(interpreter.InterpreterBuilder, "create_extern_elementwise",
                      _extern_elementwise):
-        from .interpreter_bounds import checked_memory, tensor_ranges
         try:
             with checked_memory(tensor_ranges(params), kernel=kernel):
                 _interpreted_fn(jit_fn).run(grid=grid, warmup=False, **params)
@@ -596,8 +597,6 @@ _CUDA_ONLY = ("cuda", "CUDA", "Torch not compiled with", "device=", "on the CPU"
 
 def _forward_failure(exc: BaseException, native: bool) -> CaptureError:
     """The model's own code raised during the eager forward: one line naming where."""
-    import traceback
-
     frames = traceback.extract_tb(exc.__traceback__)
     skip = ("/kernel_lens/", "/torch/", "/triton/")  # the user's or the library's own frame
     user = [f for f in frames if not any(part in f.filename for part in skip)] or frames

@@ -28,6 +28,7 @@ from torch.overrides import TorchFunctionMode
 from ..errors import TraceError, UnsupportedKernelError
 from . import tensor_likes
 from . import triton_compat as tc
+from .patching import patched
 
 log = logging.getLogger(__name__)
 
@@ -167,14 +168,10 @@ def _brief(value: Any) -> str:
 
 @contextlib.contextmanager
 def _replaced_runs(classes: list[type], make: Callable[[Callable], Callable]) -> Iterator[None]:
-    saved = [(cls, cls.__dict__["run"]) for cls in classes]
-    try:
-        for cls, orig in saved:
-            cls.run = make(orig)
+    with contextlib.ExitStack() as stack:
+        for cls in classes:
+            stack.enter_context(patched(cls, "run", make(cls.__dict__["run"])))
         yield
-    finally:
-        for cls, orig in saved:
-            cls.run = orig
 
 
 class _CustomOps(TorchFunctionMode):
@@ -286,10 +283,6 @@ def tracing(log_: LauncherLog) -> Iterator[None]:
                 depth[0] -= 1
         return run
 
-    @contextlib.contextmanager
-    def on_call(name: str) -> Iterator[None]:
-        yield
-
     with _replaced_runs(foreign_launchers(), make), _wrap_triton_off(), \
-            _CustomOps(lambda name: name in log_.inlined_ops, on_call):
+            _CustomOps(lambda name: name in log_.inlined_ops, lambda name: contextlib.nullcontext()):
         yield

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import keyword
 import logging
+import math
 import operator
 from typing import Any, Callable
 
@@ -184,9 +185,7 @@ def guard_variants(captured: list[CapturedLaunch], traced: list[TracedLaunch]):
     for index, (cap, tr) in enumerate(zip(captured, traced)):
         names = sorted(tr.guards)
         domains = [tr.domains.get(n, (False, True)) for n in names]
-        count = 1
-        for d in domains:
-            count *= len(d)
+        count = math.prod(len(d) for d in domains)
         if count > 32:
             raise UnsupportedKernelError(
                 f"kernel {kernel_name(cap.jit)}: constexprs {names} depend on dynamic dims and "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, List
 
@@ -227,8 +228,6 @@ def _short(value: Any, limit: int = 120) -> str:
 
 def _input_dims(value: Any) -> list[tuple[str, int]]:
     """The (forward argument name, dim) pairs a symbolic size is computed from."""
-    import re
-
     env = value.node.shape_env
     dims = []
     for sym in sorted(value.node.expr.free_symbols, key=str):
@@ -395,8 +394,6 @@ def _check_deferred_asserts(program: torch.export.ExportedProgram, original: Bas
 def _user_terms(text: str) -> str:
     """torch's source names (``L['x'].size()[0]``, ``L['args'][0].size()[1]``) as the user writes
     them (``x.shape[0]``)."""
-    import re
-
     text = re.sub(r"L\['args'\]\[(\d+)\]\.size\(\)\[(\d+)\]", r"input \1 .shape[\2]", text)
     return re.sub(r"L\['([^']+)'\]\.size\(\)\[(\d+)\]", r"\1.shape[\2]", text).replace(" .shape", ".shape")
 
@@ -405,8 +402,6 @@ def _constraint_violation(text: str) -> str | None:
     """torch.export's "Constraints violated (seq)" in the user's terms: which Dim, what the model
     needs of it (the guards torch generated) and the Dim to declare instead (torch's suggested
     fix). None when ``text`` is not such a message."""
-    import re
-
     head = re.search(r"Constraints violated \(([^)]*)\)", text)
     if head is None:
         return None
