@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import sympy
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
 import kernel_lens
@@ -507,3 +507,44 @@ def test_to_cxx_cache_keys_on_names_and_structure():
         to_cxx(2 * s, {s: ""})
     with pytest.raises(SymbolicError):
         to_cxx(2 * s, {s: ""})
+
+
+@st.composite
+def grammar_exprs(draw: st.DrawFn) -> sympy.Expr:
+    """IR expressions as parse() reads them: exact ones, and ones with a bare division, a
+    negative power or an int64 overflow somewhere inside."""
+    from kernel_lens.ir import format_expr, parse
+
+    a, b = draw(exprs(depth=2)), draw(exprs(depth=1))
+    wrong = draw(st.sampled_from(["none", "div", "negpow", "huge"]))
+    if wrong == "div":
+        a = a + b / draw(st.integers(2, 9))
+    elif wrong == "negpow":
+        a = a * (b + S[0] + 1) ** -1
+    elif wrong == "huge":
+        a = a + sympy.Integer(1 << 64)
+    from kernel_lens.ir.symbolic import to_plain_sympy
+
+    try:  # torch's functions become plain sympy; a rational constant stays as it is
+        a = to_plain_sympy(a)
+    except SymbolicError:
+        pass
+    try:
+        return parse(format_expr(a))
+    except SymbolicError:  # outside the IR grammar (a torch function beside a rational)
+        assume(False)
+
+
+@given(grammar_exprs())
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_ir_exactness_rule_agrees_with_the_printer(expr):
+    """The grid-canonicalization pass checks the IR's own rule (it prints no C++); the printer
+    must accept exactly the same IR expressions."""
+    from kernel_lens.ir import inexact_reason
+
+    try:
+        to_cxx(expr)
+        printable = True
+    except SymbolicError:
+        printable = False
+    assert (inexact_reason(expr) is None) == printable, (expr, inexact_reason(expr))

@@ -57,7 +57,7 @@ LOAD = textwrap.dedent("""
 
 
 def test_tensorrt_plan_export_and_plugin_registration(rtx, trt_headers, tmp_path):
-    from kernel_lens.targets.trt.target import optimization_profile
+    from kernel_lens.codegen.profile import optimization_profile
 
     module = load_module(MODELS["toy_two_kernels"])
     out = tmp_path / "out"

@@ -4,24 +4,15 @@ Public API: :func:`compile`, :class:`CompiledModel`, :class:`PassManager`, :clas
 the IR (:mod:`kernel_lens.ir`) and the typed errors (:mod:`kernel_lens.errors`).
 """
 
-from importlib.metadata import PackageNotFoundError, version as _version
-
 from .errors import KernelLensError
-
-try:
-    __version__ = _version("kernel_lens")
-except PackageNotFoundError:  # running from a source tree
-    __version__ = "0.0.0+source"
+from .version import __version__
 
 
 def __getattr__(name: str):
     # Heavy imports (torch, triton) only when the API is used, so `--version` stays instant.
-    if name in ("compile", "CompiledModel", "load"):
+    if name in ("compile", "CompiledModel", "load", "lift"):
         from . import compiler
         return getattr(compiler, name)
-    if name == "lift":
-        from .frontends.lift import lift
-        return lift
     if name in ("PassManager", "Pass", "PassContext", "PassResult", "default_pipeline"):
         from . import passes
         return getattr(passes, name)

@@ -8,6 +8,9 @@ tensors, so sizes stay symbolic in the program's symbols, and the resulting ops 
 the IR. ``aten.diff`` becomes slices and a subtraction, ``aten.__and__`` ``bitwise_and``,
 ``aten.outer`` a broadcast multiply, and so on. Views, in-place ops and allocations are left to
 kernel_lens's memory model.
+
+Which ops the back end translates is the back end's knowledge: the driver hands it in as a
+predicate (``translatable``, the ONNX lowering's ``supported``); the front end imports no back end.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from functools import lru_cache
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -24,17 +27,16 @@ from .. import aten_facts
 log = logging.getLogger(__name__)
 
 
-def needs_decomposition(target: Any) -> bool:
-    """An ATen op the ONNX lowering has no translation for, which torch can decompose."""
+def needs_decomposition(target: Any, translatable: Callable[[str], bool]) -> bool:
+    """An ATen op the back end cannot translate (``translatable`` says which it can), which
+    torch can decompose."""
     if not isinstance(target, torch._ops.OpOverload):
         return False
     name = str(target).removeprefix("torch.ops.")
     if not name.startswith("aten.") or aten_facts.allocates_uninitialized(name) \
             or aten_facts.is_inplace(name):
         return False
-    from ..onnx import supported
-
-    if supported(name):
+    if translatable(name):
         return False
     return _decomposition(target) is not None
 

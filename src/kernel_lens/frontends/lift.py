@@ -320,8 +320,10 @@ _SKIP_OPS = ("_assert", "sym_constrain", "_check")
 class _GraphBuilder:
     def __init__(self, program, traced: list[TracedLaunch], captured: list[CapturedLaunch],
                  kernels: dict[str, KernelIR], launch_kernels: list[str], dynamic_shapes: Any,
-                 variants: dict[int, list[tuple[dict[str, bool], str]]]):
+                 variants: dict[int, list[tuple[dict[str, bool], str]]],
+                 translatable: Callable[[str], bool] | None = None):
         self.program = program
+        self.translatable = translatable
         self.variants = variants
         self.traced, self.captured = traced, captured
         self.kernels, self.launch_kernels = kernels, launch_kernels
@@ -390,7 +392,8 @@ class _GraphBuilder:
             return order
         elif any(s in str(node.target) for s in _SKIP_OPS) or isinstance(val, (torch.SymInt, torch.SymBool, int, bool)):
             return order
-        elif depth < 4 and needs_decomposition(node.target) and (graph := decompose(node)) is not None:
+        elif depth < 4 and self.translatable is not None \
+                and needs_decomposition(node.target, self.translatable) and (graph := decompose(node)) is not None:
             return self._inline(node, graph, order, depth)
         else:
             self.ops.append(self.torch_op(node, order, val))
@@ -538,8 +541,13 @@ def _make_static(model: Callable, shapes: tuple, dims: list[tuple[str, int]]) ->
 def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes: Any = None,
                       arch: int | None = None, roles: dict[str, dict[str, str]] | None = None,
                       autotune: dict[str, dict] | None = None,
-                      name: str | None = None, dynamic: bool = False) -> tuple[GraphIR, Any]:
+                      name: str | None = None, dynamic: bool = False,
+                      translatable: Callable[[str], bool] | None = None) -> tuple[GraphIR, Any]:
     """:func:`lift`, also returning what the captured eager forward returned.
+
+    ``translatable`` says which ATen ops (``"aten.name.overload"``) the back end translates;
+    the others are replaced by torch's decomposition where there is one. None keeps every op
+    as traced. (The driver, :func:`kernel_lens.compiler.lift`, passes the ONNX lowering's.)
 
     ``dynamic=True`` makes every input dim that can vary dynamic (``Dim.AUTO``) instead of
     ``dynamic_shapes``; the ranges torch settled on are logged and are the IR's ``symbols``."""
@@ -572,7 +580,7 @@ def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes:
         variants.setdefault(owner, []).append((when, kid))
     apply_role_overrides(kernels, roles or {})
     builder = _GraphBuilder(program, traced, captured.launches, kernels, launch_kernels,
-                            dynamic_shapes, variants)
+                            dynamic_shapes, variants, translatable)
     inputs, outputs = builder.build()
     for kernel in kernels.values():
         kernel.binaries.append(compile_binary(kernel, arch, kernel.specialization, specialized=True))

@@ -4,12 +4,13 @@ from .graph import (SCHEMA_VERSION, ConstantData, ConstArg, Dispatch, GraphIR, L
                     ListArg, SymArg, TensorValue, TorchOp, ValueArg, json_schema)
 from .kernel import (AbiParam, CompileOptions, KernelBinary, KernelIR, KernelParam, ParamKind,
                      Role, SourceInfo, Specialization)
-from .symbolic import SymbolInfo, SymExpr, evaluate, format_expr, parse, symbol
+from .symbolic import SymbolInfo, SymExpr, evaluate, format_expr, inexact_reason, parse, symbol
 from .types import DType
 
 __all__ = [
     "SCHEMA_VERSION", "AbiParam", "Dispatch", "CompileOptions", "ConstantData", "ConstArg", "DType", "GraphIR",
     "KernelBinary", "KernelIR", "KernelParam", "Launch", "LaunchArg", "ListArg", "ParamKind",
     "Role", "SourceInfo", "Specialization", "SymArg", "SymbolInfo", "SymExpr", "TensorValue",
-    "TorchOp", "ValueArg", "evaluate", "format_expr", "json_schema", "parse", "symbol",
+    "TorchOp", "ValueArg", "evaluate", "format_expr", "inexact_reason", "json_schema", "parse",
+    "symbol",
 ]

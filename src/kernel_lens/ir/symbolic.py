@@ -254,6 +254,41 @@ def to_plain_sympy(expr: object) -> sympy.Expr:
     )
 
 
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def inexact_reason(expr: sympy.Basic) -> str | None:
+    """Why ``expr`` (an IR expression, as :func:`parse` builds it) is not an exact int64 integer
+    expression, or None when it is: every division sits in floor/ceiling/Mod, exponents are
+    non-negative integers, literals fit int64. The IR's own rule; printers enforce it again."""
+    if isinstance(expr, sympy.Integer):
+        return None if _INT64[0] <= int(expr) <= _INT64[1] else f"{expr} is outside the int64 range"
+    if isinstance(expr, (sympy.Rational, sympy.Float)):
+        return f"{expr} is not an integer; write divisions as floor()/ceiling()"
+    if isinstance(expr, sympy.Symbol):
+        return f"symbol {expr} is declared non-integer" if expr.is_integer is False else None
+    if expr in (sympy.true, sympy.false):
+        return None
+    if isinstance(expr, sympy.Mul):
+        coeff, _ = expr.as_coeff_Mul()
+        if not coeff.is_Integer:
+            return f"{expr} has a non-integer coefficient; write divisions as floor()/ceiling()"
+    if isinstance(expr, sympy.Pow) and not (expr.exp.is_integer and expr.exp.is_nonnegative):
+        return f"{expr} has an exponent that is not a non-negative integer"
+    if isinstance(expr, (sympy.floor, sympy.ceiling)):
+        args = sympy.fraction(sympy.together(expr.args[0]))  # numerator and denominator
+    elif isinstance(expr, (sympy.Add, sympy.Mul, sympy.Pow, sympy.Mod, sympy.Min, sympy.Max,
+                           sympy.Rel, sympy.And, sympy.Or, sympy.Not)):
+        args = expr.args
+    else:
+        return f"{type(expr).__name__} in {expr} is not part of the IR's integer grammar"
+    for arg in args:
+        reason = inexact_reason(arg)
+        if reason is not None:
+            return reason
+    return None
+
+
 def evaluate(expr: sympy.Expr, values: Mapping[str, int]) -> int:
     """Exact integer value of an expression at the given symbol values."""
     sub = {s: sympy.Integer(values[s.name]) for s in expr.free_symbols}

@@ -12,30 +12,29 @@ Every ATen op between launches is translated by onnxscript's torchlib
   front end cannot decompose (``zero``, ``squeeze.dims``), and multi-output splits, which
   torchlib returns as an ONNX sequence that TensorRT's parser does not take.
 
-Translators receive the lowering context (:class:`kernel_lens.onnx.lower.Lowering`) and the
+Translators receive the lowering context (:class:`~kernel_lens.onnx.context.LoweringContext`) and the
 :class:`~kernel_lens.ir.graph.TorchOp`, and return one ONNX tensor name per ``op.outputs``; they
 raise :class:`~kernel_lens.errors.UnsupportedKernelError` (the lowering adds the position).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import sympy
 
 from ..errors import UnsupportedKernelError
 from ..ir.graph import ConstArg, ListArg, OpArg, SymArg, TorchOp, ValueArg
 from ..ir.types import DType
+from .context import LoweringContext
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .lower import Lowering
 
-Translator = Callable[["Lowering", TorchOp], list[str]]
+Translator = Callable[[LoweringContext, TorchOp], list[str]]
 
 TRANSLATIONS: dict[str, Translator] = {}
 """ATen overload name -> kernel_lens's own translator (tried before torchlib)."""
 
-INVERSE_VIEWS: dict[str, Callable[["Lowering", TorchOp, str], str]] = {}
+INVERSE_VIEWS: dict[str, Callable[[LoweringContext, TorchOp, str], str]] = {}
 """View ops through which an in-place torch op can write: (ctx, view op, new contents of the
 view) -> new contents of the view's source."""
 
@@ -102,7 +101,7 @@ def _norm_dim(dim: int, rank: int) -> int:
     return dim + rank if dim < 0 else dim
 
 
-def _rank(ctx: "Lowering", arg: OpArg) -> int:
+def _rank(ctx: LoweringContext, arg: OpArg) -> int:
     return len(ctx.value_of(arg).shape)
 
 
@@ -111,7 +110,7 @@ def _rank(ctx: "Lowering", arg: OpArg) -> int:
          "aten.to.dtype", "aten.to.dtype_layout", "aten.to.device", "aten.to.other",
          "aten.type_as.default", "aten.lift_fresh_copy.default", "aten._to_copy.default",
          "aten.clone.default", "aten.dropout.default")
-def _same_back(ctx: "Lowering", op: TorchOp, x: str) -> str:
+def _same_back(ctx: LoweringContext, op: TorchOp, x: str) -> str:
     """Views that are the whole source, unchanged (a copy never reaches here: it has no alias)."""
     return x
 
@@ -120,11 +119,11 @@ def _same_back(ctx: "Lowering", op: TorchOp, x: str) -> str:
          "aten.flatten.using_ints", "aten.unflatten.int", "aten.reshape_as.default",
          "aten.view_as.default", "aten.squeeze.default", "aten.squeeze.dim", "aten.squeeze.dims",
          "aten.unsqueeze.default")
-def _reshape_back(ctx: "Lowering", op: TorchOp, x: str) -> str:
+def _reshape_back(ctx: LoweringContext, op: TorchOp, x: str) -> str:
     return ctx.node("Reshape", [x, ctx.shape(ctx.value_of(op.aliases[0]))], allowzero=1)
 
 
-def permutation(ctx: "Lowering", op: TorchOp) -> list[int]:
+def permutation(ctx: LoweringContext, op: TorchOp) -> list[int]:
     rank = _rank(ctx, op.args[0])
     if op.op == "aten.t.default":
         return [1, 0] if rank == 2 else list(range(rank))
@@ -138,13 +137,13 @@ def permutation(ctx: "Lowering", op: TorchOp) -> list[int]:
 
 
 @inverse("aten.transpose.int", "aten.t.default", "aten.permute.default")
-def _transpose_back(ctx: "Lowering", op: TorchOp, x: str) -> str:
+def _transpose_back(ctx: LoweringContext, op: TorchOp, x: str) -> str:
     perm = permutation(ctx, op)
     inverse = [perm.index(i) for i in range(len(perm))]
     return ctx.node("Transpose", [x], perm=inverse)
 
 
-def _region(ctx: "Lowering", op: TorchOp, dim: int, start: Any, length: Any) -> tuple[str, str]:
+def _region(ctx: LoweringContext, op: TorchOp, dim: int, start: Any, length: Any) -> tuple[str, str]:
     """(begin, end) of the region a slice/select view covers along ``dim`` of its source, as
     [1]-shaped run-time ints; ``start``/``length`` are sympy expressions (negative constants
     wrap around, as in torch)."""
@@ -159,7 +158,7 @@ def _region(ctx: "Lowering", op: TorchOp, dim: int, start: Any, length: Any) -> 
     return begin, ctx.sym(start + length)
 
 
-def _splice(ctx: "Lowering", op: TorchOp, dim: int, begin: str, end: str, x: str) -> str:
+def _splice(ctx: LoweringContext, op: TorchOp, dim: int, begin: str, end: str, x: str) -> str:
     """The source with the region [begin, end) along ``dim`` replaced by ``x``."""
     parent = ctx.tensor(op.aliases[0])
     axes = ctx.i64([dim])
@@ -169,7 +168,7 @@ def _splice(ctx: "Lowering", op: TorchOp, dim: int, begin: str, end: str, x: str
 
 
 @inverse("aten.slice.Tensor")
-def _slice_back(ctx: "Lowering", op: TorchOp, x: str) -> str:
+def _slice_back(ctx: LoweringContext, op: TorchOp, x: str) -> str:
     a = Args(op, ["self", "dim", "start", "end", "step"])
     if a.has("step") and a.const("step") != 1:
         raise UnsupportedKernelError(f"writing through a strided slice (step {a.const('step')}) "
@@ -182,7 +181,7 @@ def _slice_back(ctx: "Lowering", op: TorchOp, x: str) -> str:
 
 
 @inverse("aten.select.int")
-def _select_back(ctx: "Lowering", op: TorchOp, x: str) -> str:
+def _select_back(ctx: LoweringContext, op: TorchOp, x: str) -> str:
     a = Args(op, ["self", "dim", "index"])
     dim = _norm_dim(a.const("dim"), _rank(ctx, a.arg("self")))
     begin, end = _region(ctx, op, dim, ctx.expr_arg(a.arg("index")), sympy.Integer(1))
@@ -190,7 +189,7 @@ def _select_back(ctx: "Lowering", op: TorchOp, x: str) -> str:
 
 
 # ------------------------------------------------------------------------------- own translations
-def _operand(ctx: "Lowering", arg: OpArg, dtype: DType) -> str:
+def _operand(ctx: LoweringContext, arg: OpArg, dtype: DType) -> str:
     """A tensor, symbolic-int or Python-scalar operand, in ``dtype``."""
     if isinstance(arg, ValueArg):
         return ctx.cast(ctx.tensor(arg), ctx.value_of(arg).dtype, dtype)
@@ -200,7 +199,7 @@ def _operand(ctx: "Lowering", arg: OpArg, dtype: DType) -> str:
 
 
 @register("aten.copy_.default")
-def _copy_(ctx: "Lowering", op: TorchOp) -> list[str]:
+def _copy_(ctx: LoweringContext, op: TorchOp) -> list[str]:
     """self.copy_(src): the new contents of self are src, cast and broadcast to self."""
     a = Args(op, ["self", "src", "non_blocking"])
     target = ctx.value_of(a.arg("self"))
@@ -209,14 +208,14 @@ def _copy_(ctx: "Lowering", op: TorchOp) -> list[str]:
 
 
 @register("aten.fill_.Tensor", "aten.fill_.Scalar")
-def _fill_(ctx: "Lowering", op: TorchOp) -> list[str]:
+def _fill_(ctx: LoweringContext, op: TorchOp) -> list[str]:
     a = Args(op, ["self", "value"])
     target = ctx.value_of(a.arg("self"))
     return [ctx.node("Expand", [_operand(ctx, a.arg("value"), target.dtype), ctx.shape(target)])]
 
 
 @register("aten.zero_.default", "aten.zero.default")
-def _zero(ctx: "Lowering", op: TorchOp) -> list[str]:
+def _zero(ctx: LoweringContext, op: TorchOp) -> list[str]:
     out = ctx.out(op)
     return [ctx.full(ctx.shape(out), 0, out.dtype)]
 
@@ -225,7 +224,7 @@ def _zero(ctx: "Lowering", op: TorchOp) -> list[str]:
 # not take: kernel_lens splits into separate tensors.
 @register("aten.split.Tensor", "aten.split_with_sizes.default", "aten.chunk.default",
           "aten.unbind.int")
-def _split(ctx: "Lowering", op: TorchOp) -> list[str]:
+def _split(ctx: LoweringContext, op: TorchOp) -> list[str]:
     # Sizes of the pieces are the IR's result shapes along the split dim (symbolic, at run time).
     second = {"aten.split.Tensor": "split_size", "aten.split_with_sizes.default": "split_sizes",
               "aten.chunk.default": "chunks"}.get(op.op)
@@ -245,6 +244,6 @@ def _split(ctx: "Lowering", op: TorchOp) -> list[str]:
 
 
 @register("aten.squeeze.dims")
-def _squeeze_dims(ctx: "Lowering", op: TorchOp) -> list[str]:
+def _squeeze_dims(ctx: LoweringContext, op: TorchOp) -> list[str]:
     # squeezing a dim that is not 1 is a no-op in torch: the IR's result shape says which went
     return [ctx.node("Reshape", [ctx.tensor(op.args[0]), ctx.shape(ctx.out(op))], allowzero=1)]

@@ -67,26 +67,15 @@ from ..codegen.launch_io import launch_io, root_of
 from ..ir.symbolic import parse
 from ..ir.types import DType
 from . import aten, rewrites, torchlib
+from .context import onnx_dtype
 
 DOMAIN = "kernel_lens"
 DOMAIN_VERSION = 1
 MIN_OPSET = 18
 MAX_IR_VERSION = 10  # ONNX Runtime 1.29+ reads IR version 10
 
-ONNX_DTYPES: dict[DType, int] = {
-    DType.i1: TensorProto.BOOL, DType.i8: TensorProto.INT8, DType.i16: TensorProto.INT16,
-    DType.i32: TensorProto.INT32, DType.i64: TensorProto.INT64, DType.u8: TensorProto.UINT8,
-    DType.u16: TensorProto.UINT16, DType.u32: TensorProto.UINT32, DType.u64: TensorProto.UINT64,
-    DType.fp8e4nv: TensorProto.FLOAT8E4M3FN, DType.fp8e5: TensorProto.FLOAT8E5M2,
-    DType.fp16: TensorProto.FLOAT16, DType.bf16: TensorProto.BFLOAT16,
-    DType.fp32: TensorProto.FLOAT, DType.fp64: TensorProto.DOUBLE,
-}
 _FP8 = {DType.fp8e4nv, DType.fp8e5}
 _UNSUPPORTED_DOMAIN = "kernel_lens.unsupported"  # placeholder nodes; never in a returned model
-
-
-def onnx_dtype(dtype: DType) -> int:
-    return ONNX_DTYPES[DType(dtype)]
 
 
 def _dim(text: str) -> dict[str, Any]:
@@ -906,15 +895,19 @@ def lower_to_onnx_cached(ir: GraphIR, *, opset: int = MIN_OPSET) -> onnx.ModelPr
 
 def save_onnx(model: onnx.ModelProto, path: Union[str, Path]) -> Path:
     """Write ``model`` to ``path``; weights go to an external-data file beside it past 2 GB
-    (``model`` itself is left as it was, weights inside)."""
+    (``model`` itself is left as it was, weights inside). Every tensor (initializers, attribute
+    tensors such as ``Constant``'s, subgraphs, functions) is counted, and one that already keeps
+    its data outside the model must name a plain file beside it (``external_data``)."""
     import os
     import tempfile
 
     from ..fileio import atomic_write
+    from .external_data import check_locations, tensors
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    big = sum(len(t.raw_data) for t in model.graph.initializer) > EXTERNAL_DATA_BYTES
+    check_locations(model, path)
+    big = sum(len(t.raw_data) for t, _ in tensors(model)) > EXTERNAL_DATA_BYTES
     if not big:
         return atomic_write(path, model.SerializeToString())
     # Past protobuf's 2 GB limit: write both files in a private folder beside, then move them in.

@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import logging
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import aten_facts
 from ..errors import UnsupportedKernelError
 from ..ir.graph import ConstArg, ListArg, OpArg, SymArg, TorchOp, ValueArg
 from ..ir.types import DType, dtype_from_torch, torch_name
+from .context import ONNX_DTYPES, LoweringContext, onnx_dtype
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .lower import Lowering
 
 
 def _exporter():
@@ -112,7 +111,7 @@ def _ir():
 class _Call:
     """One translation: IR arguments -> exporter-style arguments -> recorded nodes."""
 
-    def __init__(self, ctx: "Lowering", op: TorchOp):
+    def __init__(self, ctx: LoweringContext, op: TorchOp):
         self.ctx, self.op = ctx, op
         self.target = aten_facts.overload(op.op)
         schema = self.target._schema
@@ -122,8 +121,6 @@ class _Call:
     # ------------------------------------------------------------------ arguments
     def value(self, onnx_name: str, dtype: DType, shape: list[str]) -> Any:
         ir = _ir()
-        from .lower import onnx_dtype
-
         dims = []
         for d in shape:
             e = self.ctx.expr(d)
@@ -210,8 +207,6 @@ class _Call:
         ir = _ir()
         if not isinstance(value, ir.Value):
             return value
-        from .lower import ONNX_DTYPES
-
         if value.dtype == ir.DataType(ONNX_DTYPES[dtype]):
             return value
         src = next(d for d, code in ONNX_DTYPES.items() if ir.DataType(code) == value.dtype)
@@ -254,7 +249,7 @@ class _Call:
         return names[:len(self.op.outputs)]
 
 
-def translate(ctx: "Lowering", op: TorchOp, name: str | None = None) -> list[str] | None:
+def translate(ctx: LoweringContext, op: TorchOp, name: str | None = None) -> list[str] | None:
     """ONNX names of ``op``'s outputs, translated by torchlib as ``name`` (default: ``op.op``);
     None when torchlib has no translation for it."""
     function = function_for(name or op.op, ctx.opset)

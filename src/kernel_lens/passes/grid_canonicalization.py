@@ -2,8 +2,8 @@
 
 Each grid, integer scalar, shape, stride and offset is parsed, simplified under the symbols'
 integer/non-negative assumptions, checked to use only declared graph-input dims, checked to
-print as exact int64 C++ (through the one printer, ``codegen.cxx``), and checked against
-the values seen at capture.
+be exact int64 arithmetic (the IR's rule, :func:`~kernel_lens.ir.inexact_reason`; the pass
+prints no C++), and checked against the values seen at capture.
 
 A recompile of the same model asks the same questions: the pass's results are kept in one
 content-addressed cache entry per list of expressions (keyed also by sympy's version and this
@@ -21,8 +21,7 @@ from typing import Any, Iterator
 import sympy
 
 from ..errors import SymbolicError
-from ..ir import GraphIR, evaluate, format_expr, parse
-from ..codegen.cxx import to_cxx
+from ..ir import GraphIR, evaluate, format_expr, inexact_reason, parse
 from .base import Pass, PassContext, PassResult
 
 
@@ -41,10 +40,9 @@ def _canonical(text: str, names: tuple[str, ...]) -> str:
     simple = sympy.simplify(expr)
     if sympy.count_ops(simple) > sympy.count_ops(expr):
         simple = expr
-    try:  # printable as exact int64 C++ (symbols renamed: a Dim may be named like a keyword)
-        to_cxx(simple, {sym: f"sym_{sym.name}" for sym in simple.free_symbols})
-    except SymbolicError as exc:
-        raise _NotCanonical(str(exc)) from None
+    reason = inexact_reason(simple)
+    if reason is not None:
+        raise _NotCanonical(f"{format_expr(simple)} is not an exact integer expression ({reason})")
     return format_expr(simple)
 
 
@@ -57,7 +55,7 @@ def canonical(text: str, names: list[str], where: str) -> str:
 
 class GridCanonicalization(Pass):
     name = "grid-canonicalization"
-    description = "simplify grids/scalars/shapes over graph-input dims; check exact int64 printing"
+    description = "simplify grids/scalars/shapes over graph-input dims; check exact int64 arithmetic"
     provides = frozenset({"canonical-symbolic"})
 
     def run(self, ir: GraphIR, ctx: PassContext) -> PassResult:
@@ -120,7 +118,7 @@ def _code_key() -> str:
     from ..toolchain import entry_cache
 
     here = Path(__file__)
-    files = [here, here.parents[1] / "ir" / "symbolic.py", here.parents[1] / "codegen" / "cxx.py"]
+    files = [here, here.parents[1] / "ir" / "symbolic.py"]
     return entry_cache.key_of("canonical/1", sympy.__version__, *(f.read_bytes() for f in files))
 
 

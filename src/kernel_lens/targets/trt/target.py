@@ -115,36 +115,6 @@ def trt_onnx(ir: GraphIR, plan: ModelPlan | None = None) -> onnx.ModelProto:
     return model
 
 
-def optimization_profile(ir: GraphIR) -> dict[str, list[tuple[int, int, int]]]:
-    """(min, opt, max) of every dim of every graph input, from the IR's symbol ranges, with the
-    captured (example) sizes as ``opt``: what a TensorRT optimization profile needs. A symbol
-    without an upper bound is refused (TensorRT needs one: declare ``Dim(..., max=...)``)."""
-    names = list(ir.symbols)
-    points = {}
-    for which, attr in (("min", "min"), ("opt", "example"), ("max", "max")):
-        values = {}
-        for n, info in ir.symbols.items():
-            value = getattr(info, attr)
-            if value is None:
-                raise KernelLensError(f"{ir.name}: dimension {n} has no upper bound; a TensorRT "
-                                      f"optimization profile needs one: declare Dim({n!r}, max=...)")
-            values[n] = value
-        points[which] = values
-    profile = {}
-    for name in ir.inputs:
-        dims = []
-        for text in ir.values[name].shape:
-            expr = parse(text, names)
-            lo, opt, hi = (int(expr.subs({symbol(n): v for n, v in points[w].items()}))
-                           for w in ("min", "opt", "max"))
-            if not lo <= opt <= hi:
-                raise KernelLensError(f"{ir.name}: input {name} dim {text} is not increasing over the "
-                                      f"symbol ranges ({lo}, {opt}, {hi}); no TensorRT profile fits it")
-            dims.append((lo, opt, hi))
-        profile[name] = dims
-    return profile
-
-
 class _TrtTarget(StagedTarget):
     kind = "v3"
     aliases = ("tensorrt",)

@@ -1,0 +1,57 @@
+"""What a translator may ask of the lowering, and ONNX's dtype codes.
+
+The lowering loop (:mod:`kernel_lens.onnx.lower`) calls the ATen table
+(:mod:`kernel_lens.onnx.aten`) and the torchlib bridge (:mod:`kernel_lens.onnx.torchlib`) with
+itself as the context; they see it through :class:`LoweringContext` and import this module,
+never the loop, so imports run one way: lower -> aten, torchlib -> context.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Union
+
+import sympy
+from onnx import TensorProto
+
+from ..ir.graph import OpArg, TensorValue, TorchOp
+from ..ir.types import DType
+
+ONNX_DTYPES: dict[DType, int] = {
+    DType.i1: TensorProto.BOOL, DType.i8: TensorProto.INT8, DType.i16: TensorProto.INT16,
+    DType.i32: TensorProto.INT32, DType.i64: TensorProto.INT64, DType.u8: TensorProto.UINT8,
+    DType.u16: TensorProto.UINT16, DType.u32: TensorProto.UINT32, DType.u64: TensorProto.UINT64,
+    DType.fp8e4nv: TensorProto.FLOAT8E4M3FN, DType.fp8e5: TensorProto.FLOAT8E5M2,
+    DType.fp16: TensorProto.FLOAT16, DType.bf16: TensorProto.BFLOAT16,
+    DType.fp32: TensorProto.FLOAT, DType.fp64: TensorProto.DOUBLE,
+}
+
+
+def onnx_dtype(dtype: DType) -> int:
+    """The ONNX element type code of an IR dtype."""
+    return ONNX_DTYPES[DType(dtype)]
+
+
+class LoweringContext(Protocol):
+    """The lowering's state as translators use it (implemented by ``lower.Lowering``)."""
+
+    opset: int
+    constant_farm: dict[Any, Any]  # torchlib constants, shared by every op
+
+    def node(self, op_type: str, inputs: list[str], n_out: int = 1, *, domain: str = "",
+             outputs: list[str] | None = None, **attrs: Any) -> Union[str, list[str]]: ...
+    def i64(self, values: list[int]) -> str: ...
+    def scalar(self, value: Any, dtype: DType) -> str: ...
+    def full(self, shape: str, value: Any, dtype: DType) -> str: ...
+    def cast(self, name: str, src: DType, dst: DType) -> str: ...
+    def scalar_of(self, name: str) -> str: ...
+    def sym(self, expr: Union[str, sympy.Expr]) -> str: ...
+    def expr(self, text: str) -> sympy.Expr: ...
+    def expr_arg(self, arg: OpArg) -> sympy.Expr: ...
+    def int1(self, arg: OpArg) -> str: ...
+    def int0(self, arg: OpArg) -> str: ...
+    def concat_ints(self, parts: list[str]) -> str: ...
+    def shape(self, value: Union[TensorValue, str]) -> str: ...
+    def value_of(self, arg: Union[OpArg, str]) -> TensorValue: ...
+    def out(self, op: TorchOp, i: int = 0) -> TensorValue: ...
+    def tensor(self, arg: Union[OpArg, str]) -> str: ...
+    def add_recorded(self, nodes: list[Any], functions: dict[Any, Any]) -> None: ...
