@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
+import reprlib
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .errors import ArtifactError, IRError, KernelLensError, OutputPathError
+from .errors import ArtifactError, InputError, IRError, KernelLensError, OutputPathError
 from .fileio import atomic_copy, atomic_write, check_folder, ensure_folder, inside
 from .frontends.aot import compile_binary
 from .frontends.lift import lift_with_outputs
@@ -24,14 +28,22 @@ MANIFEST = "kernel_lens.json"
 
 @dataclass
 class CompiledModel:
-    """The result of :func:`compile` (or :func:`load`): the final IR and its artifacts."""
+    """The result of :func:`compile` (or :func:`load`): the final IR and its artifacts.
+
+    Artifact paths are absolute (a bare name would reach the dynamic loader's search path when
+    a runner opens a library). ``folder``, set by :func:`load` and :meth:`save`, is the real
+    folder they must still lie in when a runner is made (checked again then)."""
 
     ir: GraphIR
     example_outputs: Any = None  # what the eager forward returned during capture
     timings: list[PassTiming] = field(default_factory=list)
     artifacts: dict[str, Path] = field(default_factory=dict)
     cuda_graph: bool = False  # the default of run(cuda_graph=...)
+    folder: Path | None = None
     _runners: dict[tuple[str, bool], Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.artifacts = {kind: Path(path).absolute() for kind, path in self.artifacts.items()}
 
     def summary(self) -> str:
         return summarize(self.ir, self.timings)
@@ -47,8 +59,8 @@ class CompiledModel:
 
         directory = ensure_folder(directory)
         stem = self.ir.name
-        ir_path = self.ir.save(inside(directory, f"{stem}.ir.json"))
-        summary_path = atomic_write(inside(directory, f"{stem}.summary.txt"), self.summary())
+        ir_path = self.ir.save(inside(directory, f"{stem}.ir.json")).absolute()
+        summary_path = atomic_write(inside(directory, f"{stem}.summary.txt"), self.summary()).absolute()
         self.artifacts.update({"ir": ir_path, "summary": summary_path})
         for name in targets:
             log.info("building target %s", name)
@@ -60,9 +72,11 @@ class CompiledModel:
                 if not path.is_relative_to(directory.absolute()):
                     raise OutputPathError(f"target {name!r} returned artifact {kind!r} at {path}, "
                                           f"outside the output folder {directory}")
-                self.artifacts[f"{name}.{kind}"] = inside(directory, path.relative_to(directory.absolute()))
-        _write_manifest(directory, stem, {k: v.relative_to(directory) for k, v in self.artifacts.items()
-                                          if v.is_relative_to(directory)})
+                self.artifacts[f"{name}.{kind}"] = inside(
+                    directory, path.relative_to(directory.absolute())).absolute()
+        here = directory.absolute()
+        _write_manifest(directory, stem, {k: v.relative_to(here) for k, v in self.artifacts.items()
+                                          if v.is_relative_to(here)})
         return dict(self.artifacts)
 
     def backends(self) -> list[str]:
@@ -70,7 +84,11 @@ class CompiledModel:
         return sorted({kind.split(".", 1)[0] for kind in self.artifacts if "." in kind})
 
     def runner(self, backend: str | None = None, *, cuda_graph: bool | None = None) -> Any:
-        """The target's runner over this model's artifacts (made once, then reused)."""
+        """The target's runner over this model's artifacts (made once, then reused; the
+        artifacts it opens are checked again, just before, to be regular files in the folder)."""
+        if backend is not None and not isinstance(backend, str):
+            raise InputError(f"backend must be a target name such as 'ort' (a str), got "
+                             f"{type(backend).__name__} {reprlib.repr(backend)}")
         graph = self.cuda_graph if cuda_graph is None else bool(cuda_graph)
         asked = (backend, graph)
         if asked not in self._runners:  # resolve the name once: run() calls this on every call
@@ -80,11 +98,25 @@ class CompiledModel:
             key = (backend, graph)
             if key not in self._runners:
                 prefix = f"{backend}."
-                artifacts = {k[len(prefix):]: v for k, v in self.artifacts.items() if k.startswith(prefix)}
+                artifacts = {k[len(prefix):]: self._recheck(k, v) for k, v in self.artifacts.items()
+                             if k.startswith(prefix)}
                 options = {"cuda_graph": True} if graph else {}
                 self._runners[key] = get_target(backend).runner(self.ir, artifacts, **options)
             self._runners[asked] = self._runners[key]
         return self._runners[asked]
+
+    def _recheck(self, kind: str, path: Path) -> Path:
+        """``path`` (absolute) if it is still a regular file inside :attr:`folder` (when set):
+        the folder may have changed since :func:`load` checked it."""
+        path = Path(path).absolute()
+        real = Path(os.path.realpath(path))
+        if self.folder is not None and not real.is_relative_to(self.folder):
+            raise ArtifactError(f"artifact {kind!r} ({_shown(path)}) now resolves outside "
+                                f"{_shown(self.folder)} (through a link); refusing to open it")
+        if not real.is_file():
+            raise ArtifactError(f"artifact {kind!r} ({_shown(path)}) is missing or not a regular "
+                                f"file; recompile or load the folder again")
+        return path
 
     def _backend(self, backend: str | None) -> str:
         """The built target ``backend`` names (a target, an alias such as "tensorrt", or None:
@@ -102,13 +134,13 @@ class CompiledModel:
             return backend
         named = [b for b in built if backend in get_target(b).aliases]
         if len(named) > 1:
-            raise KernelLensError(f"{self.ir.name}: backend {backend!r} could be any of {named}; "
-                                  f"pick one with backend=")
+            raise InputError(f"{self.ir.name}: backend {backend!r} could be any of {named}; "
+                             f"pick one with backend=")
         if not named:
             target = backend if backend in available_targets() else next(
                 (t for t in available_targets() if backend in get_target(t).aliases), backend)
-            raise KernelLensError(f"{self.ir.name} was not built for backend {backend!r} (built: "
-                                  f"{built or 'none'}); compile with targets=[{target!r}]")
+            raise InputError(f"{self.ir.name} was not built for backend {backend!r} (built: "
+                             f"{built or 'none'}); compile with targets=[{target!r}]")
         return named[0]
 
     def run(self, *tensors: Any, out: Any = None, backend: str | None = None,
@@ -124,9 +156,10 @@ class CompiledModel:
         saved: dict[str, Path] = {}
         for kind, path in self.artifacts.items():
             saved[kind] = atomic_copy(path, inside(directory, path.name), mode=0o644 if path.suffix
-                                      != ".so" else 0o755)
+                                      != ".so" else 0o755).absolute()
         _write_manifest(directory, self.ir.name, {k: Path(v.name) for k, v in saved.items()})
-        return CompiledModel(self.ir, self.example_outputs, list(self.timings), saved, self.cuda_graph)
+        return CompiledModel(self.ir, self.example_outputs, list(self.timings), saved, self.cuda_graph,
+                             folder=directory.resolve())
 
 
 def _write_manifest(directory: Path, name: str, artifacts: dict[str, Path]) -> None:
@@ -135,56 +168,119 @@ def _write_manifest(directory: Path, name: str, artifacts: dict[str, Path]) -> N
                  json.dumps({"name": name, "artifacts": {k: str(v) for k, v in artifacts.items()}}, indent=1))
 
 
+def _shown(name: object) -> str:
+    """A path or name as an error shows it: quoted, control characters escaped (``repr``), so a
+    crafted file name cannot drive the terminal."""
+    return repr(str(name))
+
+
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+def _read_inside(root: Path, path: Path, what: str, *, follow: bool = True) -> bytes:
+    """The bytes of ``path``: a regular file whose real location lies inside ``root``.
+
+    Checked on the open descriptor, so what was checked is what is read: the last component is
+    opened without following a link (``follow``: its real path is opened instead, which must
+    lie inside ``root``; otherwise a link there is refused), the descriptor must be a regular
+    file (no fifo, device or folder), and where it really is is read back from the descriptor."""
+    target = Path(os.path.realpath(path)) if follow else path
+    if not target.is_relative_to(root):
+        raise ArtifactError(f"{what} {_shown(path)} resolves outside {_shown(root)} (through a "
+                            f"link); refusing to open it")
+    try:
+        fd = os.open(target, _READ_FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ArtifactError(f"{what} {_shown(path)} is a link; refusing to follow it (recompile "
+                                f"into the folder to write a real file)") from None
+        raise ArtifactError(f"cannot open {what} {_shown(path)}: {exc.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ArtifactError(f"{what} {_shown(path)} is not a regular file; refusing to read it")
+        try:  # where the descriptor really points (a folder on the way may have been swapped)
+            real = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # no /proc: the path must still resolve to the file that was opened
+            real = Path(os.path.realpath(target))
+            if not os.path.samestat(os.fstat(fd), os.stat(real)):
+                real = Path("/")
+        if not real.is_relative_to(root):
+            raise ArtifactError(f"{what} {_shown(path)} was opened outside {_shown(root)}; "
+                                f"refusing to read it")
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def _manifest_path(directory: Path, manifest_path: Path, kind: object, rel: object) -> Path:
-    """A manifest entry as a path inside ``directory``: relative, normalized, no links out."""
+    """A manifest entry as a path inside ``directory`` (resolved by the caller, so the path is
+    absolute): relative, normalized, no links out."""
     if not isinstance(kind, str) or not isinstance(rel, str):
-        raise ArtifactError(f"{manifest_path}: artifact entries must map names to relative paths, "
-                            f"got {kind!r}: {rel!r}")
+        raise ArtifactError(f"{_shown(manifest_path)}: artifact entries must map names to relative "
+                            f"paths, got {reprlib.repr(kind)}: {reprlib.repr(rel)}")
     parts = Path(rel).parts
     if not rel or Path(rel).is_absolute() or ".." in parts or "." in parts or str(Path(rel)) != rel \
             or "\0" in rel:
-        raise ArtifactError(f"{manifest_path}: artifact {kind!r} has path {rel!r}; only relative, "
-                            f"normalized paths inside the folder are accepted (recompile to "
-                            f"regenerate the manifest)")
+        raise ArtifactError(f"{_shown(manifest_path)}: artifact {kind!r} has path {rel!r}; only "
+                            f"relative, normalized paths inside the folder are accepted (recompile "
+                            f"to regenerate the manifest)")
     path = directory / rel
-    root = directory.resolve()
-    if not path.resolve().is_relative_to(root):
-        raise ArtifactError(f"{manifest_path}: artifact {kind!r} ({rel}) resolves outside {directory} "
-                            f"(through a link); refusing to open it")
+    if not Path(os.path.realpath(path)).is_relative_to(directory):
+        raise ArtifactError(f"{_shown(manifest_path)}: artifact {kind!r} ({rel!r}) resolves outside "
+                            f"{_shown(directory)} (through a link); refusing to open it")
     return path
 
 
 def load(directory: str | Path, *, cuda_graph: bool = False) -> CompiledModel:
     """Reopen a compiled artifact folder without recompiling anything.
 
-    The manifest and IR are data: they are validated, never executed. Only the artifacts the
-    manifest names inside ``directory`` are used; a plugin library is opened later, by ``run``.
+    The manifest and IR are data: they are validated, never executed, and read once, through
+    descriptors checked to be regular files inside the folder. The folder is resolved once
+    (``"."`` and ``""`` are the current folder) and every artifact path is stored absolute, so
+    no runner ever hands a bare library name to the dynamic loader. Only the artifacts the
+    manifest names inside ``directory`` are used; a plugin library is opened later, by ``run``
+    (which checks the paths again first).
     """
-    directory = Path(directory)
-    manifest_path = directory / MANIFEST
-    if not manifest_path.is_file():
-        raise ArtifactError(f"{directory} is not a kernel_lens output folder (no {MANIFEST}); "
-                            f"create one with kernel_lens compile FILE.py -o {directory}")
+    given = directory
     try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ArtifactError(f"{manifest_path} is not a valid manifest ({exc}); recompile into "
-                            f"{directory}") from None
+        root = Path(directory).resolve(strict=True)
+    except (OSError, RuntimeError, ValueError, TypeError) as exc:
+        raise ArtifactError(f"{_shown(given)} is not a kernel_lens output folder ({exc}); create "
+                            f"one with kernel_lens compile FILE.py -o FOLDER") from None
+    manifest_path = root / MANIFEST
+    if not root.is_dir() or not os.path.lexists(manifest_path):
+        raise ArtifactError(f"{_shown(given)} is not a kernel_lens output folder (no {MANIFEST}); "
+                            f"create one with kernel_lens compile FILE.py -o FOLDER")
+    data = _read_inside(root, manifest_path, "manifest", follow=False)
+    try:
+        manifest = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+        raise ArtifactError(f"{_shown(manifest_path)} is not a valid manifest "
+                            f"({type(exc).__name__}: {str(exc):.200}); recompile into "
+                            f"the folder") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("artifacts"), dict):
-        raise ArtifactError(f"{manifest_path} is malformed: expected an object with an "
-                            f"'artifacts' object; recompile into {directory}")
-    artifacts = {k: _manifest_path(directory, manifest_path, k, v)
-                 for k, v in manifest["artifacts"].items()}
+        raise ArtifactError(f"{_shown(manifest_path)} is malformed: expected an object with an "
+                            f"'artifacts' object; recompile into the folder")
+    artifacts = {k: _manifest_path(root, manifest_path, k, v) for k, v in manifest["artifacts"].items()}
     if "ir" not in artifacts:
-        raise ArtifactError(f"{manifest_path} names no IR ('ir' entry); recompile into {directory}")
-    missing = [str(p) for p in artifacts.values() if not p.is_file()]
+        raise ArtifactError(f"{_shown(manifest_path)} names no IR ('ir' entry); recompile into the folder")
+    missing = [_shown(p) for p in artifacts.values() if not p.is_file()]
     if missing:
-        raise ArtifactError(f"{directory}: artifacts missing: {', '.join(missing)}")
+        raise ArtifactError(f"{_shown(given)}: artifacts missing: {', '.join(missing)}")
+    text = _read_inside(root, artifacts["ir"], "IR document")
     try:
-        ir = GraphIR.load(artifacts["ir"])
+        ir = GraphIR.from_json(text.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ArtifactError(f"{_shown(artifacts['ir'])} is not UTF-8 text ({exc.reason})") from None
     except IRError as exc:
-        raise ArtifactError(f"{artifacts['ir']}: {exc}") from None
-    return CompiledModel(ir, artifacts=artifacts, cuda_graph=cuda_graph)
+        raise ArtifactError(f"{_shown(artifacts['ir'])}: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # anything the validators let through untyped
+        raise ArtifactError(f"{_shown(artifacts['ir'])} is not a valid IR document "
+                            f"({type(exc).__name__}); recompile into the folder") from None
+    return CompiledModel(ir, artifacts=artifacts, cuda_graph=cuda_graph, folder=root)
 
 
 def artifact_cache_dir() -> Path:

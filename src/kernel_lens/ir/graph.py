@@ -180,6 +180,14 @@ class GraphIR(_Model):
         for name in [*self.inputs, *self.outputs]:
             if name not in self.values:
                 raise ValueError(f"graph input/output {name!r} is not a known value")
+        for name, info in self.symbols.items():  # the runtime reads tensors[input].shape[dim]
+            if not 0 <= info.input < len(self.inputs):
+                raise ValueError(f"symbol {name!r} reads input {info.input}; the graph has "
+                                 f"{len(self.inputs)} inputs (indices 0 to {len(self.inputs) - 1})")
+            shape = self.values[self.inputs[info.input]].shape
+            if not 0 <= info.dim < len(shape):
+                raise ValueError(f"symbol {name!r} reads dim {info.dim} of input "
+                                 f"{self.inputs[info.input]!r}, which has rank {len(shape)}")
         for launch in self.launches:
             for kernel in [launch.kernel, *(d.kernel for d in launch.dispatch)]:
                 if kernel not in self.kernels:
@@ -206,8 +214,10 @@ class GraphIR(_Model):
     def from_json(cls, text: str) -> "GraphIR":
         try:
             raw = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise IRError(f"IR is not valid JSON: {exc}") from None
+        except ValueError as exc:  # JSONDecodeError, or an integer too long to convert
+            raise IRError(f"IR is not valid JSON: {str(exc):.200}") from None
+        except RecursionError:
+            raise IRError("IR is not valid JSON: nested too deeply") from None
         version = str(raw.get("schema_version", "")) if isinstance(raw, dict) else ""
         if version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
             raise IRError(
@@ -218,6 +228,8 @@ class GraphIR(_Model):
             return cls.model_validate(raw)
         except ValidationError as exc:
             raise IRError(f"IR document is invalid:\n{exc}") from None
+        except RecursionError:
+            raise IRError("IR document is nested too deeply to validate") from None
 
     def save(self, path: str | Path) -> Path:
         """Write the JSON document atomically (a link at ``path`` is replaced, not followed)."""

@@ -18,6 +18,8 @@ themselves (:meth:`OrtModel.cuda_graph_buffers`), which makes a call copy nothin
 
 from __future__ import annotations
 
+import os
+import stat
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +27,7 @@ from typing import Sequence
 
 import torch
 
-from ..errors import KernelLensError
+from ..errors import ArtifactError, KernelLensError
 from ..ir import GraphIR
 from ..onnx import onnx_dtype
 from .signature import CallSignature, Shape
@@ -69,6 +71,8 @@ class OrtModel:
 
     def __init__(self, ir: GraphIR, onnx_path: str | Path, library_path: str | Path, *,
                  cuda_graph: bool = False) -> None:
+        # Checked before anything else: a relative library name reaches dlopen's search path.
+        onnx_path, library_path = _pinned(onnx_path, "ONNX model"), _pinned(library_path, "plugin library")
         try:
             import onnxruntime as ort
         except ImportError:
@@ -80,7 +84,7 @@ class OrtModel:
         self._ort = ort
         self.ir = ir
         self.cuda_graph = bool(cuda_graph)
-        self.onnx_path, self.library_path = str(onnx_path), str(library_path)
+        self.onnx_path, self.library_path = onnx_path, library_path
         self.signature = CallSignature(ir)
         self._inputs = [_Input(spec.name, spec.dtype, onnx_dtype(spec.ir_dtype))
                         for spec in self.signature.inputs]
@@ -125,6 +129,8 @@ class OrtModel:
         if state is None:
             so = self._ort.SessionOptions()
             so.log_severity_level = 3  # errors only
+            _unchanged(self.library_path, "plugin library")
+            _unchanged(self.onnx_path, "ONNX model")
             so.register_custom_ops_library(self.library_path)
             # fp32 matmuls in ORT use TF32 by default; follow torch's setting instead.
             options = {"device_id": str(index),
@@ -155,7 +161,7 @@ class OrtModel:
         device = tensors[0].device
         shapes = self.output_shapes(values)
         if out is not None:
-            self.signature.check_out(out, shapes, device)
+            self.signature.check_out(out, shapes, device, tensors)
         with self._lock:
             if self.cuda_graph:
                 outputs = self._run_graph(tensors, shapes, out, device)
@@ -247,3 +253,27 @@ class OrtModel:
             if dst.data_ptr() != static.data_ptr():
                 dst.copy_(static)
         return list(out)
+
+
+def _pinned(path: str | Path, what: str) -> str:
+    """``path``'s real location, refused unless ``path`` is absolute and a regular file: ONNX
+    Runtime hands a library name without a '/' to dlopen, which searches LD_LIBRARY_PATH."""
+    if not Path(path).is_absolute():
+        raise ArtifactError(f"{what} path {str(path)!r} is not absolute; a relative name would be "
+                            f"searched for by the dynamic loader: pass an absolute path")
+    real = os.path.realpath(path)
+    if not os.path.isfile(real):
+        raise ArtifactError(f"{what} {str(path)!r} is missing or not a regular file")
+    return real
+
+
+def _unchanged(real: str, what: str) -> None:
+    """Just before ORT opens ``real`` (pinned by :func:`_pinned`): still a regular file at that
+    real path, no link put in its place or in a folder on the way since."""
+    try:
+        ok = os.path.realpath(real) == real and stat.S_ISREG(os.lstat(real).st_mode)
+    except OSError:
+        ok = False
+    if not ok:
+        raise ArtifactError(f"{what} {real!r} changed since the model was loaded (now missing, a "
+                            f"link or not a regular file); load the folder again")

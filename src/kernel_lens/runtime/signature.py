@@ -129,8 +129,11 @@ class CallSignature:
     def output_shapes(self, values: Sequence[int]) -> list[Shape]:
         return [tuple(f(values) for f in o.dims) for o in self.outputs]
 
-    def check_out(self, out: Sequence[torch.Tensor], shapes: Sequence[Shape], device) -> None:
-        """``out=`` tensors: one per output, contiguous, of the output's dtype, shape and device."""
+    def check_out(self, out: Sequence[torch.Tensor], shapes: Sequence[Shape], device,
+                  inputs: Sequence[torch.Tensor] = ()) -> None:
+        """``out=`` tensors: one per output, contiguous, of the output's dtype, shape and device,
+        sharing no memory with ``inputs`` (the call's input tensors) or with each other: the
+        kernels would read what they are writing."""
         if len(out) != len(shapes):
             raise InputError(f"out= holds {len(out)} tensors; {self.model} has {len(shapes)} outputs")
         for i, (t, shape, o) in enumerate(zip(out, shapes, self.outputs)):
@@ -138,3 +141,17 @@ class CallSignature:
                     or t.device != device or not t.is_contiguous():
                 raise InputError(f"out[{i}] must be a contiguous {o.dtype} tensor of shape {shape} "
                                  f"on {device}")
+        spans = [(f"input {spec.name!r}", _span(t)) for spec, t in zip(self.inputs, inputs)]
+        for i, t in enumerate(out):
+            mine = _span(t)
+            for what, span in spans:
+                if mine[0] < span[1] and span[0] < mine[1]:
+                    raise InputError(f"out[{i}] shares memory with {what}; pass a separate output "
+                                     f"tensor (torch.empty_like), or leave out= unset")
+            spans.append((f"out[{i}]", mine))
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes a contiguous tensor occupies, [start, end) (empty for a tensor of no elements)."""
+    start = t.data_ptr()
+    return start, start + t.numel() * t.element_size()
