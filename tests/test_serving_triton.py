@@ -248,7 +248,9 @@ def _model_py(monkeypatch):
 
 
 def test_model_py_refuses_a_host_without_gpu_or_packages_with_its_own_message(monkeypatch, tmp_path):
-    args = {"model_name": "m", "model_config": json.dumps({"parameters": {}}), "model_version": "1",
+    parameters = {"kernel_lens_onnx": {"string_value": "model.onnx"},
+                  "kernel_lens_op_library": {"string_value": "libkl_M_ort.so"}}
+    args = {"model_name": "m", "model_config": json.dumps({"parameters": parameters}), "model_version": "1",
             "model_repository": str(tmp_path), "model_instance_kind": "GPU", "model_instance_device_id": "0"}
     model = _model_py(monkeypatch)
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` raises ImportError

@@ -84,6 +84,11 @@ class CacheError(KernelLensError):
     """A build-cache entry is not trustworthy (not a regular file, another owner, wrong hash)."""
 
 
+class ServerError(KernelLensError):
+    """A model server kernel_lens started (tritonserver) exited, did not come up, or its port is
+    held by another process."""
+
+
 class ModelFileError(KernelLensError):
     """A model file does not define what kernel_lens needs, or defining it failed."""
 

@@ -13,8 +13,9 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import InputError
+from ..errors import ArtifactError, InputError
 from ..ir import GraphIR
+from .interface import check_file_name
 
 HERE = Path(__file__).parent
 VERSION = "1"           # the version folder every export writes
@@ -66,7 +67,15 @@ class TritonBackend:
 
     def version_files(self, source: CompiledArtifacts) -> dict[str, Path]:
         """The files of ``NAME/1/``: file name -> the file to copy there."""
-        return {MODEL_FILE: source.onnx, **source.onnx_data, source.library.name: source.library}
+        return version_folder(self.version_entries(source))
+
+    def version_entries(self, source: CompiledArtifacts) -> list[tuple[str, str, Path | None]]:
+        """``(file name, what it is, the file)`` for each file of ``NAME/1/``: the export's own
+        names first, then the compiled folder's artifacts (whose names come from its manifest)."""
+        return [(MODEL_FILE, f"the ONNX graph's copy {MODEL_FILE}", source.onnx),
+                *((name, f"the external data file {path} of {source.onnx}", path)
+                  for name, path in source.onnx_data.items()),
+                (source.library.name, f"the op library {source.library}", source.library)]
 
     def config(self, source: CompiledArtifacts) -> BackendConfig:
         raise NotImplementedError
@@ -106,8 +115,9 @@ class PythonBackend(TritonBackend):
     name = "python"
     description = "Triton's python backend: model.py + onnxruntime-gpu, DLPack tensors"
 
-    def version_files(self, source: CompiledArtifacts) -> dict[str, Path]:
-        return {"model.py": HERE / "triton_python_model.py", **super().version_files(source)}
+    def version_entries(self, source: CompiledArtifacts) -> list[tuple[str, str, Path | None]]:
+        return [("model.py", "the python backend's model.py", HERE / "triton_python_model.py"),
+                *super().version_entries(source)]
 
     def config(self, source: CompiledArtifacts) -> BackendConfig:
         return BackendConfig(
@@ -140,9 +150,15 @@ class TensorRtBackend(TritonBackend):
     def version_files(self, source: CompiledArtifacts) -> dict[str, Path]:
         from ..runtime.trt import TrtModel
 
+        version_folder(self.version_entries(source))  # names checked before the engine is built
         engine = TrtModel(source.ir, source.onnx, source.library).build_engine()
         shim = registration_library(source.library.name)
         return {self.ENGINE: engine, source.library.name: source.library, registration_name(source): shim}
+
+    def version_entries(self, source: CompiledArtifacts) -> list[tuple[str, str, Path | None]]:
+        return [(self.ENGINE, f"the TensorRT engine {self.ENGINE}", None),
+                (source.library.name, f"the plugin library {source.library}", source.library),
+                (registration_name(source), f"the registration library of {source.library}", None)]
 
     def config(self, source: CompiledArtifacts) -> BackendConfig:
         from ..runtime.trt import gpu_identity, import_tensorrt
@@ -162,6 +178,24 @@ class TensorRtBackend(TritonBackend):
                 f"must be loaded first)",
                 "the engine runs only with the TensorRT version and on the GPU model it was built for "
                 "(see config.pbtxt's header); re-export on the serving machine otherwise"]
+
+
+def version_folder(entries: list[tuple[str, str, Path | None]]) -> dict[str, Path]:
+    """``NAME/1/``'s files by name. Every name is a plain file name (it is written into
+    config.pbtxt) and no two are alike: an artifact named ``model.py`` or ``model.onnx`` would
+    otherwise replace the export's own file of that name."""
+    files: dict[str, Path] = {}
+    owners: dict[str, str] = {}
+    for name, what, path in entries:
+        check_file_name(name, f"{what}: its name", "recompile the model into a fresh folder "
+                        "(kernel_lens names its artifacts libkl_<Model>_<target>.so, <Model>.onnx)")
+        if name in owners:
+            raise ArtifactError(f"{what} is named {name!r}, as is {owners[name]} in the exported "
+                                f"NAME/{VERSION}/: one would replace the other; recompile the model "
+                                f"into a fresh folder (kernel_lens never names an artifact so)")
+        owners[name] = what
+        files[name] = path
+    return files
 
 
 def registration_name(source: CompiledArtifacts) -> str:

@@ -19,18 +19,20 @@ import json
 import logging
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
 import jinja2
 import onnx
+from google.protobuf import text_encoding
 from pydantic import BaseModel, ConfigDict
 
 from ..errors import ArtifactError, InputError, OutputPathError
 from ..fileio import atomic_copy, atomic_write, ensure_folder, inside, umask
 from ..ir import GraphIR
 from .backends import VERSION, BackendConfig, CompiledArtifacts, TritonBackend, get_backend
-from .interface import ModelInterface, check_name, read_interface
+from .interface import ModelInterface, check_file_name, check_name, load_graph, read_interface
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,7 @@ def _compiled(directory: str | Path, kind: TritonBackend) -> tuple[CompiledArtif
                             f"{kind.name} backend serves the {wanted} target's ONNX graph and library; "
                             f"compile with kernel_lens compile FILE.py --target {wanted} -o {directory}")
     onnx_path, library = compiled.artifacts[f"{target}.onnx"], compiled.artifacts[f"{target}.library"]
+    check_file_name(library.name, f"{directory}: library file name", "recompile into the folder")
     check_name(library.stem, f"{directory}: library file name", "recompile into the folder")
     return CompiledArtifacts(name=compiled.ir.name, onnx=onnx_path, onnx_data=_external_data(onnx_path),
                              library=library, ir=compiled.ir, target=target), compiled.ir
@@ -71,16 +74,14 @@ def _compiled(directory: str | Path, kind: TritonBackend) -> tuple[CompiledArtif
 
 def _external_data(onnx_path: Path) -> dict[str, Path]:
     """The external-data files the graph names (weights past 2 GB), each inside its folder."""
-    model = onnx.load(str(onnx_path), load_external_data=False)
+    model = load_graph(onnx_path)
     found: dict[str, Path] = {}
     for tensor in model.graph.initializer:
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
         location = next((e.value for e in tensor.external_data if e.key == "location"), "")
-        parts = Path(location).parts
-        if not location or len(parts) != 1 or location in (".", ".."):
-            raise ArtifactError(f"{onnx_path}: initializer {tensor.name!r} keeps its data at "
-                                f"{location!r}; only a file beside the graph is exported (recompile)")
+        check_file_name(location, f"{onnx_path}: initializer {tensor.name!r} keeps its data in a file",
+                        "only a plain file beside the graph is exported (recompile)")
         path = onnx_path.parent / location
         if not path.is_file() or not path.resolve().is_relative_to(onnx_path.parent.resolve()):
             raise ArtifactError(f"{onnx_path}: external data file {path} is missing or lies outside "
@@ -89,10 +90,24 @@ def _external_data(onnx_path: Path) -> dict[str, Path]:
     return found
 
 
+def pbtxt_string(value: object) -> str:
+    """``value`` as the inside of a protobuf text-format string literal (quotes, backslashes and
+    control characters escaped): no name can end its string and start a field of its own."""
+    return text_encoding.CEscape(str(value), as_utf8=True)
+
+
+def pbtxt_comment(value: object) -> str:
+    """``value`` for a ``#`` comment line: every character that is not printable (a line break
+    above all, which would end the comment) written as its escape."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(value))
+
+
 def render_config(name: str, source: CompiledArtifacts, interface: ModelInterface,
                   config: BackendConfig, backend_name: str, instances: int) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE)), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+    env.filters["pbtxt"] = pbtxt_string  # every string value goes through one of the two
+    env.filters["comment"] = pbtxt_comment
     return env.get_template("config.pbtxt.j2").render(
         name=name, source_name=source.name, backend_name=backend_name, interface=interface,
         instances=instances, platform=config.platform, backend=config.backend,
@@ -109,12 +124,26 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _lstat(path: Path) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
+
+
 def _check_replaceable(model_dir: Path) -> None:
-    if model_dir.is_symlink() or (model_dir.exists() and not model_dir.is_dir()):
+    """An existing ``model_dir`` is replaced only when it is a real folder (not a link) holding a
+    marker that is a regular file (not a link to one elsewhere): an earlier export."""
+    folder = _lstat(model_dir)
+    if folder is None:
+        return
+    if not stat.S_ISDIR(folder.st_mode):
         raise OutputPathError(f"{model_dir} exists and is not a folder; remove it or pass another --name")
-    if model_dir.is_dir() and not (model_dir / MARKER).is_file():
+    marker = _lstat(model_dir / MARKER)
+    if marker is None or not stat.S_ISREG(marker.st_mode):
         raise OutputPathError(f"{model_dir} exists and was not written by kernel_lens export-triton "
-                              f"(no {MARKER}); remove it or pass another --name")
+                              f"(no {MARKER} regular file in it; a link does not count); remove it "
+                              f"or pass another --name")
 
 
 def _write_model_dir(repository: Path, name: str, config_text: str, files: dict[str, Path],

@@ -23,9 +23,10 @@ import re
 from pathlib import Path
 
 import onnx
+from google.protobuf.message import DecodeError
 from pydantic import BaseModel, ConfigDict
 
-from ..errors import InputError
+from ..errors import ArtifactError, InputError
 from ..ir import GraphIR
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,9 @@ TRITON_TYPES = {
 DYNAMIC = -1
 # Tensor and model names end up in URLs, JSON and file names: the same safe alphabet for all.
 SAFE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]{0,127}")
+# File names an export writes into NAME/1/ and names in config.pbtxt: one plain name, no path
+# separator, no quote, no escape, no control character, not hidden (nor '.' / '..').
+SAFE_FILE_NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9._\-]{0,254}")
 
 
 class TensorSpec(BaseModel):
@@ -82,6 +86,30 @@ def check_name(name: str, what: str, fix: str) -> str:
         raise InputError(f"{what} {name!r} is not a safe name: use letters, digits, '_' and '-' "
                          f"(starting with a letter or '_', at most 128; no path separators); {fix}")
     return name
+
+
+def check_file_name(name: str, what: str, fix: str) -> str:
+    """``name`` when it is a plain file name from [A-Za-z0-9._-] not starting with '.': what may
+    be written into ``NAME/1/`` and named in ``config.pbtxt`` (an ``ArtifactError`` otherwise, as
+    such names come from a compiled folder's manifest or graph)."""
+    if not isinstance(name, str) or not SAFE_FILE_NAME.fullmatch(name):
+        raise ArtifactError(f"{what} {name!r} is not a plain file name: only letters, digits, '.', "
+                            f"'_' and '-' (not starting with '.') are exported; {fix}")
+    return name
+
+
+def load_graph(onnx_path: str | Path) -> onnx.ModelProto:
+    """The ONNX model at ``onnx_path`` without its external data; one typed line if it cannot be read."""
+    try:
+        model = onnx.load(str(onnx_path), load_external_data=False)
+    except (DecodeError, OSError, ValueError) as exc:
+        raise ArtifactError(f"{onnx_path} is not a readable ONNX model ({type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0] if str(exc) else 'no detail'}); recompile the "
+                            f"model into its folder") from None
+    if not model.graph.output:
+        raise ArtifactError(f"{onnx_path} holds no ONNX graph with outputs (empty or truncated file); "
+                            f"recompile the model into its folder")
+    return model
 
 
 def _dims(value: onnx.ValueInfoProto, model: str) -> tuple[list[int], list[str]]:
@@ -146,7 +174,7 @@ def _batch_symbol(specs: list[TensorSpec], model: str, max_batch_size: int, ir: 
 
 def read_interface(onnx_path: str | Path, ir: GraphIR, max_batch_size: int = 0) -> ModelInterface:
     """The served interface of the ONNX graph at ``onnx_path`` (its weights are not read)."""
-    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    graph = load_graph(onnx_path).graph
     model = ir.name
     inputs = [_spec(v, model) for v in graph.input]
     outputs = [_spec(v, model) for v in graph.output]

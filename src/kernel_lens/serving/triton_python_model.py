@@ -46,6 +46,8 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         parameters = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         folder = Path(args["model_repository"]) / args["model_version"]
+        library = self._file(folder, parameters, "kernel_lens_op_library")
+        graph = self._file(folder, parameters, "kernel_lens_onnx")
         self.torch, ort = self._imports()
         self.device = self._device(args, ort)
         self.torch.cuda.set_device(self.device)
@@ -53,11 +55,11 @@ class TritonPythonModel:
 
         options = ort.SessionOptions()
         options.log_severity_level = 3  # errors only
-        options.register_custom_ops_library(str(folder / parameters["kernel_lens_op_library"]))
+        options.register_custom_ops_library(str(library))
         cuda = {"device_id": str(self.device.index),
                 "use_tf32": parameters.get("kernel_lens_use_tf32", "0"),
                 "has_user_compute_stream": "1", "user_compute_stream": str(self.stream.cuda_stream)}
-        self.session = ort.InferenceSession(str(folder / parameters["kernel_lens_onnx"]), options,
+        self.session = ort.InferenceSession(str(graph), options,
                                             providers=[("CUDAExecutionProvider", cuda)])
         if "CUDAExecutionProvider" not in self.session.get_providers():
             raise RuntimeError(f"kernel_lens model {self.name!r} {NEEDS}: ONNX Runtime opened the "
@@ -69,6 +71,18 @@ class TritonPythonModel:
         # The stream is synchronized here, after the run: ORT need not synchronize it too.
         self.run_options.add_run_config_entry("disable_synchronize_execution_providers", "1")
         self.run_options.add_run_config_entry("gpu_graph_id", "-1")  # never capture a CUDA graph
+
+    def _file(self, folder, parameters, key):
+        """The file config.pbtxt's parameter ``key`` names in the version folder: a plain file
+        name only (no path, not hidden), so a config cannot make this stub dlopen a library
+        from elsewhere."""
+        name = parameters.get(key, "")
+        if not name or name in (".", "..") or name.startswith(".") or Path(name).name != name \
+                or "\\" in name or not name.isprintable():
+            raise RuntimeError(f"kernel_lens model {self.name!r}: config.pbtxt parameter {key} is "
+                               f"{name!r}, not a plain file name in {folder}; re-export the model "
+                               f"with kernel_lens export-triton")
+        return folder / name
 
     def _imports(self):
         """torch and onnxruntime, imported here (not at module import) so that a host without

@@ -12,11 +12,18 @@ The wheel's server needs three things around it (docs/serving.md):
   a ``.pth`` naming this process's site-packages and ``PYTHONPATH`` folders), so the stub imports
   what this process imports, whether it runs in a venv or not.
 
-The server listens on 127.0.0.1 only, on free ports unless given; metrics are off; it stays up
-when a model fails to load (``--exit-on-error=false``), so the failure can be read from the
-repository index. :meth:`TritonServer.stop` ends the server's own process group.
+The server listens on 127.0.0.1 only, on ports the OS picks unless given; metrics are off; it
+stays up when a model fails to load (``--exit-on-error=false``), so the failure can be read from
+the repository index. :meth:`TritonServer.stop` ends the server's own process group.
 
-    python -m kernel_lens.serving.tritonserver REPO [--http-port 8000] [--grpc-port 8001]
+Trust: the server counts as live only while the child started here runs and holds its ports
+itself (the listening sockets are read from /proc): another local process answering
+``/v2/health/live`` on the port is refused with :class:`ServerError`, never talked to. A
+``work=`` folder must be a real, empty folder of the current user that no one else can write
+(the stub imports from it: a planted ``.pth`` would run there). ``python -m`` stops the server's
+process group and removes its work folder on SIGINT, SIGTERM and SIGHUP alike.
+
+    python -m kernel_lens.serving.tritonserver REPO [--http-port N] [--grpc-port N]
 """
 
 from __future__ import annotations
@@ -28,10 +35,12 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -39,7 +48,7 @@ import venv
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import KernelLensError, ToolchainError
+from ..errors import KernelLensError, OutputPathError, ServerError, ToolchainError
 from .fetch import BINARY, default_dest
 
 log = logging.getLogger(__name__)
@@ -129,9 +138,111 @@ def stub_python(work: Path) -> Path:
 
 
 def free_port() -> int:
+    """A port the OS picks on 127.0.0.1. It is free only now: another process may take it before
+    the server binds it, which :meth:`TritonServer.wait_live` detects (the port is not the child's)."""
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports the OS picks (held open together, so never the same one twice)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def check_port_free(port: int, option: str) -> None:
+    """Refuse a given port that another process listens on, before anything starts."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise ServerError(f"{option} {port!r} is not a TCP port; pass 1..65535, or leave it out "
+                          f"for a free one")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a TIME_WAIT leftover is no owner
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise ServerError(f"port {port} on 127.0.0.1 is in use by another process ({exc.strerror}); "
+                              f"pass another {option}, or leave it out for a free one") from None
+
+
+# Local addresses (as /proc/net/tcp{,6} print them on x86-64) a connection to 127.0.0.1 reaches:
+# 127.0.0.1, 0.0.0.0, ::, ::ffff:127.0.0.1, ::ffff:0.0.0.0.
+_LOOPBACK = {"0100007F", "00000000", "0" * 32, "0000000000000000FFFF00000100007F",
+             "0000000000000000FFFF000000000000"}
+_LISTEN = "0A"
+
+
+def listening_sockets(port: int) -> set[int]:
+    """Inodes of the sockets listening on ``port`` where 127.0.0.1 reaches them."""
+    found: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10 or fields[3] != _LISTEN:
+                continue
+            address, _, hex_port = fields[1].partition(":")
+            if int(hex_port, 16) == port and address in _LOOPBACK:
+                found.add(int(fields[9]))
+    return found
+
+
+def group_sockets(pgid: int) -> set[int]:
+    """Inodes of the sockets open in the processes of process group ``pgid``."""
+    found: set[int] = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:  # state, ppid, pgrp after the command name
+                continue
+            for fd in os.scandir(Path(entry.path, "fd")):
+                target = os.readlink(fd.path)
+                if target.startswith("socket:["):
+                    found.add(int(target[len("socket:["):-1]))
+        except (OSError, ValueError, IndexError):
+            continue  # a process that ended meanwhile
+    return found
+
+
+def prepare_work(work: str | Path | None) -> Path:
+    """The server's work folder: a fresh temporary one, ``work`` created here, or an existing
+    ``work`` that is a real, empty folder of the current user that no one else can write (the
+    python-backend stub imports from it: a ``.pth`` planted there would run in the stub)."""
+    if work is None:
+        return Path(tempfile.mkdtemp(prefix="kl_tritonserver_"))
+    work = Path(work).absolute()
+    work.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(work, 0o700)
+        return work
+    except FileExistsError:
+        pass
+    fix = "pass work= with a new folder (it is created) or an empty one of yours, or leave it out"
+    info = os.lstat(work)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        kind = "a link" if stat.S_ISLNK(info.st_mode) else "not a folder"
+        raise OutputPathError(f"tritonserver work folder {work} is {kind}; {fix}")
+    if info.st_uid != os.getuid():
+        raise OutputPathError(f"tritonserver work folder {work} is owned by uid {info.st_uid}, not "
+                              f"by you (uid {os.getuid()}); {fix}")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise OutputPathError(f"tritonserver work folder {work} is writable by others (mode "
+                              f"{stat.S_IMODE(info.st_mode):o}); the stub imports from it; {fix}")
+    with os.scandir(work) as entries:
+        first = next(entries, None)
+    if first is not None:
+        raise OutputPathError(f"tritonserver work folder {work} is not empty (it holds {first.name!r}); "
+                              f"the stub imports from it; {fix}")
+    return work
 
 
 @dataclass
@@ -152,35 +263,50 @@ class TritonServer:
               http_port: int | None = None, grpc_port: int | None = None,
               extra_args: list[str] = (), env: dict[str, str] | None = None,
               work: str | Path | None = None, wait: float = 60.0) -> "TritonServer":
-        """Start the server and wait until ``/v2/health/live`` answers 200 (at most ``wait`` s)."""
+        """Start the server and wait until the child holds its ports and ``/v2/health/live``
+        answers 200 (at most ``wait`` s). Ports left out are picked by the OS; a given ``work``
+        folder is checked (:func:`prepare_work`) and kept, a temporary one removed by :meth:`stop`."""
         repository = Path(repository).absolute()
         if not repository.is_dir():
             raise KernelLensError(f"model repository {repository} is not a folder; export a model "
                                   f"into it with kernel_lens export-triton DIR -o {repository}")
         install = install or find_install()
+        for port, option in ((http_port, "--http-port"), (grpc_port, "--grpc-port")):
+            if port is not None:
+                check_port_free(port, option)
+        if http_port is not None and http_port == grpc_port:
+            raise ServerError(f"--http-port and --grpc-port are both {http_port}; pass two ports")
         keep = work is not None
-        work = Path(work) if work is not None else Path(tempfile.mkdtemp(prefix="kl_tritonserver_"))
-        work.mkdir(parents=True, exist_ok=True)
-        backends = prepare_backends(install, work)
-        bin_dir = stub_python(work)
-        http_port, grpc_port = http_port or free_port(), grpc_port or free_port()
-        cmd = [str(install.binary), f"--model-repository={repository}", f"--backend-directory={backends}",
-               "--http-address=127.0.0.1", f"--http-port={http_port}",
-               "--grpc-address=127.0.0.1", f"--grpc-port={grpc_port}",
-               "--allow-metrics=false", "--exit-on-error=false", "--exit-timeout-secs=5", *extra_args]
-        base = dict(os.environ if env is None else env)
-        base["PATH"] = os.pathsep.join([str(bin_dir), base.get("PATH", os.defpath)])
-        base["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(install.libs), base.get("LD_LIBRARY_PATH")) if p)
-        log_path = work / "tritonserver.log"
-        log_file = open(log_path, "wb")
-        log.info("starting %s", " ".join(cmd))
-        process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=base,
-                                   cwd=work, start_new_session=True)
-        server = cls(repository, http_port, grpc_port, work, process, log_path, keep, log_file)
+        work = prepare_work(work)
+        server = log_file = None
         try:
+            backends = prepare_backends(install, work)
+            bin_dir = stub_python(work)
+            picked = iter(free_ports(2))
+            http_port = http_port or next(p for p in picked if p != grpc_port)
+            grpc_port = grpc_port or next(p for p in picked if p != http_port)
+            cmd = [str(install.binary), f"--model-repository={repository}", f"--backend-directory={backends}",
+                   "--http-address=127.0.0.1", f"--http-port={http_port}",
+                   "--grpc-address=127.0.0.1", f"--grpc-port={grpc_port}",
+                   "--allow-metrics=false", "--exit-on-error=false", "--exit-timeout-secs=5", *extra_args]
+            base = dict(os.environ if env is None else env)
+            base["PATH"] = os.pathsep.join([str(bin_dir), base.get("PATH", os.defpath)])
+            base["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(install.libs), base.get("LD_LIBRARY_PATH")) if p)
+            log_path = work / "tritonserver.log"
+            log_file = open(log_path, "wb")
+            log.info("starting %s", " ".join(cmd))
+            process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=base,
+                                       cwd=work, start_new_session=True)
+            server = cls(repository, http_port, grpc_port, work, process, log_path, keep, log_file)
             server.wait_live(wait)
-        except BaseException:
-            server.stop()
+        except BaseException:  # a failed start, or a signal (python -m): nothing is left running
+            if server is not None:
+                server.stop()
+            else:
+                if log_file is not None:
+                    log_file.close()
+                if not keep:
+                    shutil.rmtree(work, ignore_errors=True)
             raise
         return server
 
@@ -203,22 +329,60 @@ class TritonServer:
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()
 
+    def _log_tail(self, lines: int = 6) -> str:
+        tail = [line.strip() for line in self.log().splitlines() if line.strip()][-lines:]
+        return " | ".join(tail) or "(empty)"
+
+    def _ports_held(self) -> bool:
+        """True when the child's process group holds both ports, False while it has not bound
+        them yet; :class:`ServerError` when another process listens on one of them."""
+        held = True
+        for port, what in ((self.http_port, "HTTP"), (self.grpc_port, "gRPC")):
+            listening = listening_sockets(port)
+            if not listening:
+                held = False
+                continue
+            foreign = listening - group_sockets(self.process.pid)
+            if foreign:
+                raise ServerError(f"the {what} port {port} on 127.0.0.1 is held by another process, "
+                                  f"not by the tritonserver started here (pid {self.process.pid}); "
+                                  f"stop that process or pass another port (ports left out are picked "
+                                  f"by the OS); the server's log ends: {self._log_tail()}")
+        return held
+
     def is_live(self) -> bool:
+        """The child started here runs, holds its ports, and answers ``/v2/health/live``."""
+        if self.process.poll() is not None:
+            return False
+        try:
+            if not self._ports_held():
+                return False
+        except ServerError:
+            return False
         try:
             return self._request("GET", "/v2/health/live", timeout=2.0)[0] == 200
         except OSError:
             return False
 
     def wait_live(self, timeout: float = 60.0) -> None:
+        """Wait until the child holds its ports and answers live; :class:`ServerError` when it
+        exits first, another process holds a port, or ``timeout`` s pass."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while True:
             if self.process.poll() is not None:
-                raise KernelLensError(f"tritonserver exited with status {self.process.returncode} "
-                                      f"before it was live; its log:\n{self.log()[-4000:]}")
-            if self.is_live():
-                return
-            time.sleep(0.25)
-        raise KernelLensError(f"tritonserver was not live after {timeout:.0f} s; its log:\n{self.log()[-4000:]}")
+                raise ServerError(f"tritonserver (pid {self.process.pid}) exited with status "
+                                  f"{self.process.returncode} before it was live; its log ends: "
+                                  f"{self._log_tail()}")
+            if self._ports_held():
+                try:
+                    if self._request("GET", "/v2/health/live", timeout=2.0)[0] == 200:
+                        return
+                except OSError:
+                    pass
+            if time.monotonic() > deadline:
+                raise ServerError(f"tritonserver (pid {self.process.pid}) was not live after "
+                                  f"{timeout:.0f} s; pass a longer wait; its log ends: {self._log_tail()}")
+            time.sleep(0.1)
 
     def metadata(self) -> dict:
         """The server's metadata (``GET /v2``: name, version, extensions)."""
@@ -280,32 +444,50 @@ class TritonServer:
         self.stop()
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _stop_handler(signum: int, frame) -> None:
+    """The first SIGINT/SIGTERM/SIGHUP stops the launcher as Ctrl-C does (its ``finally`` ends the
+    server's process group and removes the work folder); later ones are ignored so that the
+    cleanup itself is not cut short."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernel_lens.serving.tritonserver",
                                      description="Run nvidia-pytriton's tritonserver on a model repository "
-                                                 "(127.0.0.1 only) until interrupted.")
+                                                 "(127.0.0.1 only) until interrupted (SIGINT, SIGTERM, SIGHUP).")
     parser.add_argument("repository")
-    parser.add_argument("--http-port", type=int, default=8000)
-    parser.add_argument("--grpc-port", type=int, default=8001)
+    parser.add_argument("--http-port", type=int, default=None, help="default: a free port the OS picks")
+    parser.add_argument("--grpc-port", type=int, default=None, help="default: a free port the OS picks")
     parser.add_argument("--root", default=None, help="unpacked nvidia-pytriton (default: the fetch cache)")
     args, extra = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        handlers = {sig: signal.signal(sig, _stop_handler) for sig in STOP_SIGNALS}
+    server = None
     try:
         server = TritonServer.start(args.repository, install=find_install(args.root),
                                     http_port=args.http_port, grpc_port=args.grpc_port, extra_args=extra)
-    except KernelLensError as exc:
-        print(f"kernel_lens: error: {exc}", file=sys.stderr)
-        return 2
-    print(f"tritonserver live: HTTP {server.url}, gRPC {server.grpc_url}; log {server.log_path}; "
-          f"Ctrl-C stops it", flush=True)
-    try:
+        print(f"tritonserver live: HTTP {server.url}, gRPC {server.grpc_url}; log {server.log_path}; "
+              f"Ctrl-C (or SIGTERM) stops it", flush=True)
         for entry in server.wait_models([e["name"] for e in server.index()]).values():
             print(f"  {entry['name']} {entry.get('version', '')}: {entry['state']} {entry.get('reason', '')}")
         server.process.wait()
+    except KernelLensError as exc:
+        print(f"kernel_lens: error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         pass
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     return 0
 
 
