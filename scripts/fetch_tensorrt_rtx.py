@@ -8,7 +8,10 @@ engines with no GPU present (see the project's environment notes). This script:
   `pip download --require-hashes` (nothing unpinned is accepted);
 - unpacks them into CACHE/site (importable as `tensorrt_rtx_bindings`);
 - adds CACHE/lib with the unversioned `libtensorrt_rtx.so` / `libtensorrt_onnxparser_rtx.so`
-  names the ONNX parser dlopens (the wheel ships only `.so.1`).
+  names the ONNX parser dlopens (the wheel ships only `.so.1`), as relative links into site/;
+- does both in a temporary folder next to CACHE that is swapped into place
+  (kernel_lens.toolchain.fetch, as the other fetchers: isolated pip, and CACHE and its parent
+  must be folders of this user's own that others cannot write).
 Prints `TENSORRT_RTX_SITE=...` and `TENSORRT_RTX_LIB=...` (put the latter on LD_LIBRARY_PATH of
 the process that imports the bindings). Reruns reuse the cache.
 
@@ -20,11 +23,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this checkout's kernel_lens
+
+from kernel_lens.errors import KernelLensError  # noqa: E402
+from kernel_lens.toolchain.fetch import (FetchError, check_destination, download_folder,  # noqa: E402
+                                         install, pip_download, unpack)
 
 VERSION = "1.7.1.116"
 LIBS_SHA256 = "e3fd45fed001240d63304e77a2d4006319b839994237cb294b6e7ad72acaabcd"
@@ -35,46 +42,47 @@ BINDINGS_SHA256 = {  # by CPython version
     "cp313": "f15cdb560cf2d926405789985509f5496e378ba457a7fb657592ce7f7311c0ff",
 }
 LIBRARIES = ("libtensorrt_rtx.so", "libtensorrt_onnxparser_rtx.so")
+DEST_HINT = "pass --dest, or set KERNEL_LENS_TENSORRT_RTX, to a folder of your own"
 
 
 def default_dest() -> Path:
     env = os.environ.get("KERNEL_LENS_TENSORRT_RTX")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "kernel_lens" / "tensorrt_rtx" / VERSION
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "kernel_lens" / "tensorrt_rtx" / VERSION
+
+
+def _complete(dest: Path) -> bool:
+    return (dest / "site" / "tensorrt_rtx_bindings").is_dir() and \
+        all((dest / "lib" / n).exists() for n in LIBRARIES)
+
+
+def _fill(wheels: list[Path], staging: Path) -> None:
+    """site/: the wheels unpacked; lib/: the unversioned names, relative links into site/."""
+    for wheel in wheels:
+        unpack(wheel, staging / "site")
+    (staging / "lib").mkdir()
+    for name in LIBRARIES:
+        target = Path("site") / "tensorrt_rtx_libs" / f"{name}.1"
+        if not (staging / target).is_file():
+            raise FetchError(f"{target} is missing from the tensorrt-rtx-cu13-libs=={VERSION} wheel")
+        (staging / "lib" / name).symlink_to(Path("..") / target)
 
 
 def fetch(dest: Path) -> tuple[Path, Path]:
     site, lib = dest / "site", dest / "lib"
-    if (site / "tensorrt_rtx_bindings").is_dir() and all((lib / n).exists() for n in LIBRARIES):
+    if check_destination(dest, DEST_HINT) and _complete(dest):
         return site, lib
     tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
     if tag not in BINDINGS_SHA256:
-        sys.exit(f"fetch_tensorrt_rtx: no pinned tensorrt-rtx-cu13-bindings wheel for {tag} "
-                 f"(pinned: {', '.join(BINDINGS_SHA256)}); run with one of those Pythons")
-    with tempfile.TemporaryDirectory() as tmp:
-        req = Path(tmp) / "requirements.txt"
-        req.write_text(f"tensorrt-rtx-cu13-libs=={VERSION} --hash=sha256:{LIBS_SHA256}\n"
-                       f"tensorrt-rtx-cu13-bindings=={VERSION} --hash=sha256:{BINDINGS_SHA256[tag]}\n")
-        wheels = Path(tmp) / "wheels"
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                        "--require-hashes", "-r", str(req), "-d", str(wheels)], check=True)
-        staging = Path(tempfile.mkdtemp(prefix=".site.", dir=dest.parent if dest.parent.exists() else None))
-        for wheel in wheels.glob("*.whl"):
-            with zipfile.ZipFile(wheel) as z:
-                z.extractall(staging)
-        dest.mkdir(parents=True, exist_ok=True)
-        if site.exists():
-            import shutil
-            shutil.rmtree(site)
-        os.replace(staging, site)
-    lib.mkdir(parents=True, exist_ok=True)
-    for name in LIBRARIES:
-        target = site / "tensorrt_rtx_libs" / f"{name}.1"
-        if not target.is_file():
-            sys.exit(f"fetch_tensorrt_rtx: {target} is missing from the wheel")
-        link = lib / name
-        if link.is_symlink() or link.exists():
-            link.unlink()
-        link.symlink_to(target)
+        raise FetchError(f"no pinned tensorrt-rtx-cu13-bindings wheel for {tag} "
+                         f"(pinned: {', '.join(BINDINGS_SHA256)}); run with one of those Pythons")
+    what = f"tensorrt-rtx-cu13-libs/-bindings=={VERSION}"
+    with download_folder("kl_tensorrt_rtx_") as tmp:
+        pins = [f"tensorrt-rtx-cu13-libs=={VERSION} --hash=sha256:{LIBS_SHA256}",
+                f"tensorrt-rtx-cu13-bindings=={VERSION} --hash=sha256:{BINDINGS_SHA256[tag]}"]
+        wheels = pip_download(tmp, pins, what, "PyPI must be reachable", options=("--require-hashes",))
+        install(dest, lambda staging: _fill(wheels, staging), what, DEST_HINT)
     return site, lib
 
 
@@ -82,7 +90,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dest", type=Path, default=None)
     args = parser.parse_args()
-    site, lib = fetch((args.dest or default_dest()).expanduser().absolute())
+    try:
+        site, lib = fetch((args.dest or default_dest()).expanduser().absolute())
+    except (KernelLensError, OSError, zipfile.BadZipFile) as exc:
+        print(f"fetch_tensorrt_rtx: error: {exc}", file=sys.stderr)
+        return 1
     print(f"TENSORRT_RTX_SITE={site}")
     print(f"TENSORRT_RTX_LIB={lib}")
     return 0

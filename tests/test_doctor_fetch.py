@@ -48,6 +48,7 @@ def test_fetch_headers_ort_fills_dest(ort_dest):
     assert headers.ort_api_version(ort) == 29
     assert not (ort_dest / "tensorrt").exists()  # --ort alone: only ONNX Runtime
     assert sorted(p.name for p in ort_dest.iterdir()) == ["onnxruntime"]  # no temporary folder left
+    assert (ort_dest / "onnxruntime").stat().st_mode & 0o022 == 0  # a cache others cannot write
 
 
 def test_fetch_headers_rerun_skips_and_prints_the_include_dir(ort_dest):
@@ -87,19 +88,18 @@ def test_archive_with_another_digest_than_the_pin_is_refused(tmp_path, capsys, m
 
 
 def test_corrupted_archive_is_refused_by_the_real_pin(tmp_path, capsys, monkeypatch):
-    real_run = fetch_headers._run
+    real_pack = fetch_headers.npm_pack
 
-    def run_then_corrupt(cmd, cwd, what, hint):
-        proc = real_run(cmd, cwd, what, hint)
-        for tgz in Path(cwd).glob("*.tgz"):
-            with open(tgz, "r+b") as fh:  # flip one byte in the middle
-                fh.seek(tgz.stat().st_size // 2)
-                byte = fh.read(1)
-                fh.seek(-1, os.SEEK_CUR)
-                fh.write(bytes([byte[0] ^ 0xFF]))
-        return proc
+    def pack_then_corrupt(folder, spec, hint):
+        tgz = real_pack(folder, spec, hint)
+        with open(tgz, "r+b") as fh:  # flip one byte in the middle
+            fh.seek(tgz.stat().st_size // 2)
+            byte = fh.read(1)
+            fh.seek(-1, os.SEEK_CUR)
+            fh.write(bytes([byte[0] ^ 0xFF]))
+        return tgz
 
-    monkeypatch.setattr(fetch_headers, "_run", run_then_corrupt)
+    monkeypatch.setattr(fetch_headers, "npm_pack", pack_then_corrupt)
     err = _refused(tmp_path / "dest", capsys, [])
     assert f"differs from the pinned {fetch_headers.ORT_NPM_SHA256}" in err, err
 

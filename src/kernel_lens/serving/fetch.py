@@ -8,8 +8,13 @@ environment kernel_lens runs in. Instead this module:
 - downloads the one wheel with ``pip download --no-deps --require-hashes`` (nothing unpinned is
   accepted);
 - unpacks only ``pytriton/tritonserver/`` and ``nvidia_pytriton.libs/`` into DEST, keeping the
-  files' modes (the binary and the stubs are executables), through a temporary folder renamed
-  into place, so an interrupted run leaves no half install.
+  files' execute bits (the binary and the stubs are executables), through a temporary folder
+  swapped into place, so an interrupted run leaves no half install.
+
+Downloading (isolated pip), unpacking, the swap and the checks that DEST and its parent are
+folders of this user's own are :mod:`kernel_lens.toolchain.fetch`'s; DEST that exists as a file,
+a link, another user's folder or a folder writable by others is a one-line
+:class:`~kernel_lens.errors.CacheError`.
 
 DEST defaults to $KERNEL_LENS_TRITONSERVER, else ~/.cache/kernel_lens/tritonserver/0.7.0, which
 is where :mod:`kernel_lens.serving.tritonserver` looks. Reruns reuse the cache.
@@ -24,23 +29,23 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Sequence
+
+from kernel_lens.errors import KernelLensError
+from kernel_lens.toolchain.fetch import (FetchError, check_destination, download_folder, install,
+                                         pip_download, unpack)
 
 VERSION = "0.7.0"  # nvidia-pytriton; its tritonserver is Triton Inference Server 2.51.0
 WHEEL_SHA256 = "21f063ff93bb426d0c06b7a55e7eb9efcfe62c0dddd9a908e9877e18710128df"
 WHEEL_PLATFORM = "manylinux_2_35_x86_64"  # the wheel's only build: glibc 2.35 or newer, x86-64
 MEMBERS = ("pytriton/tritonserver/", "nvidia_pytriton.libs/")
 BINARY = "pytriton/tritonserver/bin/tritonserver"
+DEST_HINT = "pass --dest, or set KERNEL_LENS_TRITONSERVER, to a folder of your own"
 
-
-class FetchError(Exception):
-    pass
+__all__ = ["BINARY", "FetchError", "default_dest", "fetch", "main"]
 
 
 def default_dest() -> Path:
@@ -50,58 +55,34 @@ def default_dest() -> Path:
     return Path.home() / ".cache" / "kernel_lens" / "tritonserver" / VERSION
 
 
+def _server_member(name: str) -> str | None:
+    """The server's members of the wheel, kept at their paths."""
+    return name if name.startswith(MEMBERS) else None
+
+
 def _download(folder: Path) -> Path:
-    requirements = folder / "requirements.txt"
-    requirements.write_text(f"nvidia-pytriton=={VERSION} --hash=sha256:{WHEEL_SHA256}\n")
-    wheels = folder / "wheels"
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-           "--platform", WHEEL_PLATFORM, "--require-hashes", "-r", str(requirements), "-d", str(wheels)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise FetchError(f"pip download of nvidia-pytriton=={VERSION} failed (exit {proc.returncode}):\n"
-                         f"{proc.stderr.strip() or proc.stdout.strip()}\nPyPI must be reachable, or "
-                         f"unpack the wheel yourself and set KERNEL_LENS_TRITONSERVER to the folder")
-    found = sorted(wheels.glob("nvidia_pytriton-*.whl"))
-    if not found:
-        raise FetchError(f"pip download left no nvidia_pytriton wheel in {wheels}")
-    return found[0]
-
-
-def _extract(wheel: Path, folder: Path) -> None:
-    """The server's members of the wheel, with the modes the wheel records (zipfile drops them)."""
-    with zipfile.ZipFile(wheel) as archive:
-        for info in archive.infolist():
-            if not info.filename.startswith(MEMBERS) or info.is_dir():
-                continue
-            path = folder / info.filename
-            if ".." in Path(info.filename).parts or Path(info.filename).is_absolute():
-                raise FetchError(f"{wheel.name}: refusing member {info.filename!r} (outside the folder)")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with archive.open(info) as src, open(path, "wb") as dst:
-                shutil.copyfileobj(src, dst)
-            mode = (info.external_attr >> 16) & 0o777
-            os.chmod(path, ((mode or 0o644) | 0o444) & 0o755)  # readable; writable by the owner only
+    return pip_download(folder, [f"nvidia-pytriton=={VERSION} --hash=sha256:{WHEEL_SHA256}"],
+                        f"nvidia-pytriton=={VERSION}",
+                        "PyPI must be reachable, or unpack the wheel yourself and set "
+                        "KERNEL_LENS_TRITONSERVER to the folder",
+                        options=("--platform", WHEEL_PLATFORM, "--require-hashes"),
+                        pattern="nvidia_pytriton-*.whl")[0]
 
 
 def fetch(dest: Path | None = None) -> Path:
     """DEST with the server unpacked in it (downloaded once; reused afterwards)."""
     dest = (dest or default_dest()).expanduser().absolute()
-    if (dest / BINARY).is_file():
+    if check_destination(dest, DEST_HINT) and (dest / BINARY).is_file():
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            _extract(_download(Path(tmp)), staging)
+
+    def fill(staging: Path) -> None:
+        unpack(wheel, staging, _server_member)
         if not (staging / BINARY).is_file():
             raise FetchError(f"nvidia-pytriton=={VERSION} has no {BINARY}")
-        os.chmod(staging, 0o755)
-        if dest.exists():  # an earlier, incomplete install (its binary is missing)
-            shutil.rmtree(dest)
-        os.replace(staging, dest)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+
+    with download_folder("kl_tritonserver_") as tmp:
+        wheel = _download(tmp)
+        install(dest, fill, f"nvidia-pytriton=={VERSION}", DEST_HINT)
     return dest
 
 
@@ -112,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         root = fetch(args.dest)
-    except FetchError as exc:
+    except (KernelLensError, OSError, zipfile.BadZipFile) as exc:
         print(f"fetch_tritonserver: error: {exc}", file=sys.stderr)
         return 1
     print(f"TRITONSERVER_ROOT={root}")

@@ -12,30 +12,34 @@ and caches them.
 
 DEST defaults to $KERNEL_LENS_HEADERS, else ~/.cache/kernel_lens/headers, which is where
 kernel_lens looks for them. A part whose marker header already exists is skipped, so rerunning is
-cheap. Each part is extracted into a temporary folder next to its final place and renamed into
-place, so an interrupted run leaves no half folder. The downloaded archives are checked against
-pinned sha256 digests (registry versions are immutable).
+cheap. The downloaded archives are checked against pinned sha256 digests (registry versions are
+immutable). Downloading, unpacking into a temporary folder next to the part's final place and
+swapping it into place (so an interrupted run leaves no half folder), and the checks that DEST and
+each part are folders of this user's own, are :mod:`kernel_lens.toolchain.fetch`'s; this module
+says what each part downloads and which members it keeps.
 
 Usage: kernel_lens fetch-headers [--ort] [--trt] [--dest DIR] [--no-verify]   (no part: both)
        python scripts/fetch_headers.py [DEST] [same options]   (from a source checkout)
 
-Standard library only (this module and what it imports: kernel_lens/__init__, errors, headers),
-so scripts/fetch_headers.py can run it before kernel_lens is installed.
+Standard library only (this module and what it imports: kernel_lens/__init__, errors, fileio,
+toolchain/fetch, toolchain/headers), so scripts/fetch_headers.py can run it before kernel_lens is
+installed.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
-import shutil
-import subprocess
 import sys
 import tarfile
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Callable, Sequence
+
+from kernel_lens.errors import KernelLensError
+from kernel_lens.toolchain.fetch import (FetchError, check_destination, check_sha256, download_folder,
+                                         install, npm_pack, pip_download, unpack)
+from kernel_lens.toolchain.headers import ort_api_version, tensorrt_version
 
 ORT_NPM_SPEC = "com.github.asus4.onnxruntime@0.4.9"
 ORT_NPM_SHA256 = "e59788788818fdde1b2e522e766a21ba0f7d8391de55737abf81e32cc801785d"
@@ -50,11 +54,12 @@ TRT_HEADERS_PREFIX = "kernel_lens/include/tensorrt/"
 TRT_MARKER = "NvInfer.h"
 TRT_EXPECTED_VERSION = "10.14.1"
 
+DEST_HINT = "pass --dest, or set KERNEL_LENS_HEADERS, to a folder of your own"
+
 Log = Callable[[str], None]
 
-
-class FetchError(Exception):
-    pass
+__all__ = ["FetchError", "add_arguments", "default_dest", "fetch_onnxruntime", "fetch_tensorrt",
+           "main", "run"]
 
 
 def default_dest() -> Path:
@@ -74,123 +79,75 @@ def _stderr_log(prefix: str) -> Log:
 _default_log = _stderr_log("fetch_headers")
 
 
-# --- fetching ---
+# --- what each part downloads and keeps (the helper in toolchain/fetch.py does the rest) ---
 
-def _run(cmd: list[str], cwd: Path, what: str, hint: str) -> subprocess.CompletedProcess:
-    try:
-        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-    except FileNotFoundError:
-        raise FetchError(f"{what}: '{cmd[0]}' not found on PATH. {hint}") from None
-    if proc.returncode != 0:
-        out = (proc.stderr.strip() or proc.stdout.strip() or "(no output)")
-        raise FetchError(f"{what} failed (exit {proc.returncode}): {' '.join(cmd)}\n{out}\n{hint}")
-    return proc
+def _top_level_header(prefix: str, name: str) -> str | None:
+    """``X.h`` for the member ``prefix + X.h`` (headers of that folder only, not below it)."""
+    if not name.startswith(prefix):
+        return None
+    rest = name[len(prefix):]
+    return rest if "/" not in rest and rest.endswith(".h") else None
 
 
-def _check_sha256(path: Path, expected: str, verify: bool) -> None:
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    if verify and digest != expected:
-        raise FetchError(f"{path.name}: sha256 {digest} differs from the pinned {expected}; refusing "
-                         "to install headers from an unexpected archive (pass --no-verify to override)")
+def _ort_member(name: str) -> str | None:
+    return "LICENSE" if name == ORT_LICENSE_MEMBER else _top_level_header(ORT_HEADERS_PREFIX, name)
 
 
-def _install(dest: Path, name: str, files: dict[str, bytes]) -> Path:
-    """Write files into dest/name atomically (temp folder + rename)."""
-    final = dest / name
-    dest.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=dest))
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; the cache may be shared
-        for fname, data in files.items():
-            (tmp / fname).write_bytes(data)
-        if final.exists():  # an earlier, incomplete install (its marker is missing)
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return final
+def _trt_member(name: str) -> str | None:
+    return _top_level_header(TRT_HEADERS_PREFIX, name)
 
 
 def fetch_onnxruntime(dest: Path, verify: bool = True, log: Log = _default_log) -> Path:
     final = dest / "onnxruntime"
-    if (final / ORT_MARKER).is_file():
+    if check_destination(final, DEST_HINT) and (final / ORT_MARKER).is_file():
         log(f"ONNX Runtime headers already in {final}")
         return final
     log(f"npm pack {ORT_NPM_SPEC} (about 150 MB) ...")
-    with tempfile.TemporaryDirectory(prefix="kl_ort_") as tmpdir:
-        tmp = Path(tmpdir)
-        _run(["npm", "pack", "--silent", ORT_NPM_SPEC], tmp, f"npm pack {ORT_NPM_SPEC}",
-             "Install Node.js/npm and check that the npm registry is reachable, or set "
-             "ORT_INCLUDE_DIR to an existing ONNX Runtime include folder.")
-        tgzs = sorted(tmp.glob("*.tgz"))
-        if len(tgzs) != 1:
-            raise FetchError(f"npm pack {ORT_NPM_SPEC} produced {len(tgzs)} .tgz files in {tmp}, expected 1")
-        _check_sha256(tgzs[0], ORT_NPM_SHA256, verify)
-        files: dict[str, bytes] = {}
-        with tarfile.open(tgzs[0], mode="r|gz") as tar:  # streamed: one pass over the archive
-            for member in tar:
-                if not member.isfile():
-                    continue
-                if member.name == ORT_LICENSE_MEMBER:
-                    files["LICENSE"] = tar.extractfile(member).read()
-                elif member.name.startswith(ORT_HEADERS_PREFIX):
-                    rest = member.name[len(ORT_HEADERS_PREFIX):]
-                    if "/" not in rest and rest.endswith(".h"):
-                        files[rest] = tar.extractfile(member).read()
-    if ORT_MARKER not in files or "LICENSE" not in files:
-        raise FetchError(f"{ORT_NPM_SPEC}: {ORT_HEADERS_PREFIX}{ORT_MARKER} or {ORT_LICENSE_MEMBER} "
-                         "missing from the package")
-    final = _install(dest, "onnxruntime", files)
-    log(f"installed {len(files) - 1} ONNX Runtime headers + LICENSE into {final}")
+    written: list[str] = []
+
+    def fill(staging: Path) -> None:
+        written.extend(unpack(tgz, staging, _ort_member))
+        if ORT_MARKER not in written or "LICENSE" not in written:
+            raise FetchError(f"{ORT_NPM_SPEC}: {ORT_HEADERS_PREFIX}{ORT_MARKER} or {ORT_LICENSE_MEMBER} "
+                             "missing from the package")
+
+    with download_folder("kl_ort_") as tmp:
+        tgz = npm_pack(tmp, ORT_NPM_SPEC,
+                       "Install Node.js/npm and check that the npm registry is reachable, or set "
+                       "ORT_INCLUDE_DIR to an existing ONNX Runtime include folder.")
+        check_sha256(tgz, ORT_NPM_SHA256, verify, what="headers")
+        install(final, fill, ORT_NPM_SPEC, DEST_HINT)
+    log(f"installed {len(written) - 1} ONNX Runtime headers + LICENSE into {final}")
     return final
 
 
 def fetch_tensorrt(dest: Path, verify: bool = True, log: Log = _default_log) -> Path:
     final = dest / "tensorrt"
-    if (final / TRT_MARKER).is_file():
+    if check_destination(final, DEST_HINT) and (final / TRT_MARKER).is_file():
         log(f"TensorRT headers already in {final}")
         return final
     log(f"pip download {TRT_PYPI_SPEC} ...")
-    with tempfile.TemporaryDirectory(prefix="kl_trt_") as tmpdir:
-        tmp = Path(tmpdir)
-        _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-              "-d", str(tmp), TRT_PYPI_SPEC], tmp, f"pip download {TRT_PYPI_SPEC}",
-             "Check that pip works and PyPI is reachable, or set TENSORRT_INCLUDE_DIR to an "
-             "existing TensorRT include folder.")
-        wheels = sorted(tmp.glob("*.whl"))
+    written: list[str] = []
+
+    def fill(staging: Path) -> None:
+        written.extend(unpack(wheels[0], staging, _trt_member))
+        if TRT_MARKER not in written:
+            raise FetchError(f"{TRT_PYPI_SPEC}: {TRT_HEADERS_PREFIX}{TRT_MARKER} missing from the wheel")
+
+    with download_folder("kl_trt_") as tmp:
+        wheels = pip_download(tmp, [TRT_PYPI_SPEC], TRT_PYPI_SPEC,
+                              "Check that pip works and PyPI is reachable, or set TENSORRT_INCLUDE_DIR "
+                              "to an existing TensorRT include folder.")
         if len(wheels) != 1:
-            raise FetchError(f"pip download {TRT_PYPI_SPEC} produced {len(wheels)} wheels in {tmp}, expected 1")
-        _check_sha256(wheels[0], TRT_WHEEL_SHA256, verify)
-        files: dict[str, bytes] = {}
-        with zipfile.ZipFile(wheels[0]) as zf:
-            for info in zf.infolist():
-                if info.is_dir() or not info.filename.startswith(TRT_HEADERS_PREFIX):
-                    continue
-                rest = info.filename[len(TRT_HEADERS_PREFIX):]
-                if "/" not in rest and rest.endswith(".h"):
-                    files[rest] = zf.read(info)
-    if TRT_MARKER not in files:
-        raise FetchError(f"{TRT_PYPI_SPEC}: {TRT_HEADERS_PREFIX}{TRT_MARKER} missing from the wheel")
-    final = _install(dest, "tensorrt", files)
-    log(f"installed {len(files)} TensorRT headers into {final}")
+            raise FetchError(f"pip download {TRT_PYPI_SPEC} produced {len(wheels)} wheels in "
+                             f"{wheels[0].parent}, expected 1")
+        check_sha256(wheels[0], TRT_WHEEL_SHA256, verify, what="headers")
+        install(final, fill, TRT_PYPI_SPEC, DEST_HINT)
+    log(f"installed {len(written)} TensorRT headers into {final}")
     return final
 
 
 PARTS: dict[str, Callable[..., Path]] = {"onnxruntime": fetch_onnxruntime, "tensorrt": fetch_tensorrt}
-
-
-# --- version readers: the project's own (standard library only) ---
-
-def _version_readers():
-    try:
-        from kernel_lens.toolchain.headers import ort_api_version, tensorrt_version
-    except ImportError:  # run by path from a source tree that is not installed
-        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-        from kernel_lens.toolchain.headers import ort_api_version, tensorrt_version
-    return ort_api_version, tensorrt_version
 
 
 # --- command line ---
@@ -220,12 +177,11 @@ def run(args: argparse.Namespace, prog: str = "fetch_headers", error_status: int
     for part in wanted:
         try:
             results[part] = PARTS[part](dest, verify=not args.no_verify, log=log)
-        except (FetchError, OSError, tarfile.TarError, zipfile.BadZipFile) as exc:
+        except (KernelLensError, OSError, tarfile.TarError, zipfile.BadZipFile) as exc:
             print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
             failed = True
     if failed:
         return error_status
-    ort_api_version, tensorrt_version = _version_readers()
     if "onnxruntime" in results:
         ort = results["onnxruntime"]
         api = ort_api_version(ort)
