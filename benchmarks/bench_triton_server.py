@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import shutil
 import math
 import statistics
 import sys
@@ -228,6 +229,7 @@ def run(args: argparse.Namespace) -> int:
     refs, eager_diff = references(compiled, inputs)
 
     export = export_triton(directory, out / "repo", name=MODEL, backend="python", instances=args.instances)
+    shutil.rmtree(out / "server", ignore_errors=True)  # the launcher takes only an empty work folder
     server = TritonServer.start(export.model_dir.parent, install=find_install(args.root), work=out / "server",
                                 wait=120.0)
     results: dict = {"model": MODEL, "compiled": str(directory), "seqs": seqs, "instances": args.instances,

@@ -19,7 +19,8 @@ import pytest
 
 from kernel_lens.codegen.plan import build_plan
 from kernel_lens.onnx.lower import save_onnx
-from kernel_lens.targets.trt.target import optimization_profile, plugin_names, trt_onnx, trt_sources
+from kernel_lens.codegen.profile import optimization_profile
+from kernel_lens.targets.trt.target import plugin_names, trt_onnx, trt_sources
 from kernel_lens.toolchain.build import build_shared_library
 
 from test_trt_plugins import MODELS, TRT_TYPES, _ir
