@@ -1,0 +1,173 @@
+"""One LLaMA decode step over a STATIC KV cache, with Triton RMSNorm, RoPE and SwiGLU.
+
+The weights are a Hugging Face ``transformers.LlamaForCausalLM`` built from a config (random
+weights from a seeded init; nothing is downloaded); its norms and MLPs are replaced by the Triton
+drop-ins of ``_hf_kernels.py`` (sharing the original parameters), as in ``hf_llama.py``.
+:class:`LlamaDecodeStep` runs the model's own modules for ONE new token per sequence:
+
+    forward(input_ids [B, 1] int64, position [1] int64, k_cache, v_cache) -> logits [B, vocab]
+
+``k_cache`` and ``v_cache`` are ``[layers, B, kv_heads, max_len, head_dim]``. The step writes the
+new token's k and v into them IN PLACE at ``position`` (``index_copy_`` on dim 2 of each layer's
+slice) and attends over the whole static cache with the boolean mask
+``arange(max_len) <= position`` (torch SDPA). ``position`` is a tensor input (the index of the new
+token, the same for every sequence), so one compiled graph serves every step. RoPE's cos/sin come
+from the model's rotary embedding at ``position``.
+
+    kernel_lens compile examples/llama_decode.py --target ort -o kl_llama_decode
+
+``KL_DECODE_SIZE`` picks the config: ``tiny`` (default: hidden 256, 2 layers, 8/4 heads, FFN 688,
+vocab 1024, max_len 64; compiles on a CPU-only host) or ``bench`` (hidden 4096, 4 layers, 32/8
+heads, FFN 11008, vocab 32000, max_len 256; what ``benchmarks/bench_decode.py`` measures on the
+GPU). ``KL_DECODE_BATCH`` is the example batch (default 1); from 2 up the batch dim is dynamic
+(``dynamic_shapes``), at 1 the model is compiled for batch 1.
+
+:func:`greedy_decode` runs the decode loop (prompt fed token by token through the same step, then
+greedy tokens) with any callable of the step's signature: the eager module or a compiled model's
+``run``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+import transformers
+from torch.export import Dim
+from transformers.models.llama import modeling_llama
+
+import _hf_kernels as K
+
+SIZES = {
+    "tiny": dict(hidden_size=256, intermediate_size=688, num_hidden_layers=2,
+                 num_attention_heads=8, num_key_value_heads=4, vocab_size=1024, max_len=64),
+    "bench": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=4,
+                  num_attention_heads=32, num_key_value_heads=8, vocab_size=32000, max_len=256),
+}
+
+
+class LlamaDecodeStep(torch.nn.Module):
+    """A decode step of ``LlamaForCausalLM`` with a static KV cache; ``triton=False`` keeps the
+    HF norms/MLP/RoPE in torch (the plain reference)."""
+
+    def __init__(self, size: str = "tiny", triton: bool = True, seed: int = 0):
+        super().__init__()
+        sizes = dict(SIZES[size])
+        self.max_len = sizes.pop("max_len")
+        config = transformers.LlamaConfig(**sizes, max_position_embeddings=max(self.max_len, 2048),
+                                          attn_implementation="sdpa")
+        torch.manual_seed(seed)
+        self.hf = transformers.LlamaForCausalLM(config).eval()
+        self.config = config
+        self.n_layers = config.num_hidden_layers
+        self.n_heads = config.num_attention_heads
+        self.n_kv_heads = config.num_key_value_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.triton = triton
+        if triton:
+            for parent in list(self.hf.modules()):
+                for name, child in list(parent.named_children()):
+                    if isinstance(child, modeling_llama.LlamaRMSNorm):
+                        setattr(parent, name, K.TritonRMSNorm.from_hf(child))
+                    elif isinstance(child, modeling_llama.LlamaMLP):
+                        setattr(parent, name, K.TritonGatedMLP(child, "silu"))
+
+    def cache_shape(self, batch: int) -> tuple[int, ...]:
+        return (self.n_layers, batch, self.n_kv_heads, self.max_len, self.head_dim)
+
+    def new_caches(self, batch: int, device=None, dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Zeroed (k_cache, v_cache) for ``batch`` sequences, on the model's device and dtype."""
+        weight = self.hf.lm_head.weight
+        shape = self.cache_shape(batch)
+        kw = dict(device=device or weight.device, dtype=dtype or weight.dtype)
+        return torch.zeros(shape, **kw), torch.zeros(shape, **kw)
+
+    def forward(self, input_ids, position, k_cache, v_cache):
+        m = self.hf.model
+        batch = input_ids.shape[0]
+        x = m.embed_tokens(input_ids)                                   # [B, 1, hidden]
+        cos, sin = m.rotary_emb(x, position.view(1, 1))                 # [1, 1, head_dim]
+        rope = K.apply_rotary_pos_emb if self.triton else modeling_llama.apply_rotary_pos_emb
+        valid = torch.arange(self.max_len, device=input_ids.device) <= position
+        mask = valid.view(1, 1, 1, self.max_len)                        # True: attend
+        groups = self.n_heads // self.n_kv_heads
+        for i, layer in enumerate(m.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = attn.q_proj(h).view(batch, 1, self.n_heads, self.head_dim).transpose(1, 2)
+            k = attn.k_proj(h).view(batch, 1, self.n_kv_heads, self.head_dim).transpose(1, 2)
+            v = attn.v_proj(h).view(batch, 1, self.n_kv_heads, self.head_dim).transpose(1, 2)
+            q, k = rope(q, k, cos, sin)
+            k_cache[i][:, :, position] = k.to(k_cache.dtype)              # aten.index_put_
+            v_cache[i][:, :, position] = v.to(v_cache.dtype)
+            keys = modeling_llama.repeat_kv(k_cache[i], groups)
+            values = modeling_llama.repeat_kv(v_cache[i], groups)
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+            x = x + attn.o_proj(o.transpose(1, 2).reshape(batch, 1, self.n_heads * self.head_dim))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.hf.lm_head(m.norm(x))[:, -1]
+
+
+StepFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@torch.no_grad()
+def greedy_decode(step_fn: StepFn, prompt_ids: torch.Tensor, n_tokens: int,
+                  caches: tuple[torch.Tensor, torch.Tensor], *,
+                  on_step: Callable[[int, torch.Tensor], None] | None = None) -> torch.Tensor:
+    """Greedy decoding through ``step_fn(input_ids, position, k_cache, v_cache) -> logits``.
+
+    The prompt ``[B, P]`` is fed one token per step (positions 0..P-1, filling the caches), then
+    ``n_tokens`` tokens are generated, each the argmax of the previous step's logits. Returns the
+    generated ids ``[B, n_tokens]``. ``on_step(step, logits)`` sees every step's logits (e.g. to
+    compare variants). ``P + n_tokens - 1`` must not exceed the cache length."""
+    k_cache, v_cache = caches
+    batch, prompt_len = prompt_ids.shape
+    if prompt_len < 1 or prompt_len + n_tokens - 1 > k_cache.shape[3]:
+        raise ValueError(f"prompt {prompt_len} + {n_tokens} tokens do not fit a cache of "
+                         f"{k_cache.shape[3]} positions")
+    device = prompt_ids.device
+    generated = []
+    token = prompt_ids[:, :1]
+    for step in range(prompt_len + n_tokens - 1):
+        position = torch.tensor([step], dtype=torch.int64, device=device)
+        logits = step_fn(token, position, k_cache, v_cache)
+        if on_step is not None:
+            on_step(step, logits)
+        if step + 1 < prompt_len:
+            token = prompt_ids[:, step + 1:step + 2]
+        else:
+            token = logits.argmax(dim=-1, keepdim=True).to(torch.int64)
+            generated.append(token)
+    return torch.cat(generated, dim=1) if generated else prompt_ids[:, :0]
+
+
+def make_inputs(model: LlamaDecodeStep, batch: int = 1, position: int = 3, device: str = "cpu",
+                seed: int = 0):
+    """(input_ids, position, k_cache, v_cache) with random cache contents (a mid-sequence step)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (batch, 1), generator=g)
+    shape = model.cache_shape(batch)
+    dtype = model.hf.lm_head.weight.dtype
+    k = torch.randn(shape, generator=g).to(dtype)
+    v = torch.randn(shape, generator=g).to(dtype)
+    return tuple(t.to(device) for t in (ids, torch.tensor([position]), k, v))
+
+
+def dynamic_shapes_for(batch: int):
+    """A dynamic batch dim shared by the ids and both caches (batch >= 2: torch.export
+    specializes an example dim of 1); ``None`` (all static) for batch 1."""
+    if batch < 2:
+        return None
+    b = Dim("batch", min=1, max=256)
+    return {"input_ids": {0: b}, "position": None, "k_cache": {1: b}, "v_cache": {1: b}}
+
+
+SIZE = os.environ.get("KL_DECODE_SIZE", "tiny")
+BATCH = int(os.environ.get("KL_DECODE_BATCH", "1"))
+
+model = LlamaDecodeStep(SIZE)
+example_inputs = make_inputs(model, BATCH)
+dynamic_shapes = dynamic_shapes_for(BATCH)
