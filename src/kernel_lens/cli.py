@@ -6,9 +6,10 @@ import argparse
 import json
 import logging
 import sys
+import traceback
 
 from . import __version__
-from .errors import KernelLensError
+from .errors import InputError, KernelLensError, OutputPathError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -28,23 +29,84 @@ def _arch(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _json(text: str) -> dict:
+#: The longest run of user text an error message repeats (the rest is elided).
+_ECHO = 80
+#: The longest one-line error the CLI prints without --debug.
+_LINE = 1000
+
+
+def _clip(text: str, limit: int = _ECHO) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _json_option(flag: str, text: str | None, leaf: tuple[type, ...], shape: str) -> dict | None:
+    """``--roles`` / ``--autotune``: a JSON object of objects of scalars, or an InputError.
+
+    Checked here, before any work, so a malformed value is one short line that names the flag
+    (a deeply nested value once escaped as a RecursionError from the JSON parser)."""
+    if text is None:
+        return None
+    fix = f"pass {flag} '{shape}'"
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {text}") from None
+        raise InputError(f"{flag} is not valid JSON ({exc}): {_clip(text)}; {fix}") from None
+    except RecursionError:
+        raise InputError(f"{flag} is nested too deeply to be {shape}; {fix}") from None
     if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object: {text}")
+        raise InputError(f"{flag} must be a JSON object, got {type(value).__name__}; {fix}")
+    for kernel, mapping in value.items():
+        if not isinstance(mapping, dict):
+            raise InputError(f"{flag}[{_clip(repr(kernel))}] must be a JSON object, got "
+                             f"{type(mapping).__name__}; {fix}")
+        for name, item in mapping.items():
+            if not isinstance(item, leaf):
+                raise InputError(f"{flag}[{_clip(repr(kernel))}][{_clip(repr(name))}] must be a "
+                                 f"{' or '.join(t.__name__ for t in leaf)}, got "
+                                 f"{type(item).__name__}; {fix}")
     return value
+
+
+def _parse_json_options(args: argparse.Namespace) -> None:
+    """Replace the raw ``--roles`` / ``--autotune`` text by the checked dicts."""
+    args.roles = _json_option("--roles", args.roles, (str,), '{"kernel": {"param": "input"}}')
+    args.autotune = _json_option("--autotune", args.autotune, (bool, int, float, str),
+                                 '{"kernel": {"BLOCK": 128}}')
+
+
+def _check_output(flag: str, text: str) -> None:
+    """An empty ``-o`` would mean the current folder; refuse it before any work."""
+    if not text.strip():
+        raise OutputPathError(f"{flag} is empty, which would write into the current folder; "
+                              f"pass {flag} with a folder name (it is created if missing)")
+
+
+def _check_autotune(autotune: dict | None, ir, source: str) -> None:
+    """Every kernel an autotune override names is launched and autotuned (else the override
+    would be ignored without a word)."""
+    if not autotune:
+        return
+    launched = sorted({k.name for k in ir.kernels.values()})
+    tuned = sorted({k.name for k in ir.kernels.values() if k.options.autotune_config is not None})
+    for name in autotune:
+        matches = [k for k in ir.kernels.values() if name in (k.name, k.id)]
+        if not matches:
+            raise InputError(f"{source} names kernel {_clip(repr(name))}, which the model does not "
+                             f"launch; its kernels: {', '.join(launched) or 'none'}; autotuned: "
+                             f"{', '.join(tuned) or 'none'}")
+        if all(k.options.autotune_config is None for k in matches):
+            raise InputError(f"{source} names kernel {name!r}, which is not autotuned "
+                             f"(@triton.autotune), so no config can be picked; autotuned kernels: "
+                             f"{', '.join(tuned) or 'none'}")
 
 
 def _front_half_args(p: argparse.ArgumentParser) -> None:
     """Options shared by every command that lifts a model file."""
     p.add_argument("--arch", type=_arch, default=None,
                    help="GPU arch to compile for (default: the local GPU, else sm_90)")
-    p.add_argument("--roles", type=_json, default=None,
+    p.add_argument("--roles", default=None,
                    help='override tensor roles: \'{"kernel": {"param": "input"}}\'')
-    p.add_argument("--autotune", type=_json, default=None,
+    p.add_argument("--autotune", default=None,
                    help='pick autotune configs: \'{"kernel": {"BLOCK": 128}}\'')
     p.add_argument("--dynamic", action="store_true",
                    help="make every input dim that can vary dynamic (torch.export Dim.AUTO) "
@@ -61,7 +123,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"kernel_lens {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress and pass timings")
     parser.add_argument("--debug", action="store_true",
-                        help="on an error, show the full traceback and what torch printed")
+                        help="on an error, show the full message, the traceback and what "
+                             "torch printed (without it: one line)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     dump = sub.add_parser("dump-ir", help="print the IR of a model file (human-readable or JSON)")
@@ -133,11 +196,19 @@ def _compile(args: argparse.Namespace, **kwargs):
     from .model_file import load_model_file
 
     mf = load_model_file(args.file)
+    autotune, source = _autotune(args, mf)
     compiled = compile(mf.model, mf.example_inputs, arch=args.arch, **_shapes(args, mf),
-                       roles=args.roles or mf.roles, autotune=args.autotune or mf.autotune,
+                       roles=args.roles or mf.roles, autotune=autotune,
                        options=_options(args), **kwargs)
+    _check_autotune(autotune, compiled.ir, source)
     _report_dims(args, compiled.ir)
     return compiled
+
+
+def _autotune(args: argparse.Namespace, mf) -> tuple[dict | None, str]:
+    if args.autotune:
+        return args.autotune, "--autotune"
+    return mf.autotune, f"autotune in {mf.path}"
 
 
 def _shapes(args: argparse.Namespace, mf) -> dict:
@@ -160,14 +231,17 @@ def cmd_dump_ir(args: argparse.Namespace) -> int:
         return 0
     if not args.file:
         raise KernelLensError("dump-ir needs a model file (or --schema)")
+    _parse_json_options(args)
     if args.after == "none":
         from .frontends.lift import lift
         from .model_file import load_model_file
         from .summary import summarize
 
         mf = load_model_file(args.file)
+        autotune, source = _autotune(args, mf)
         ir = lift(mf.model, mf.example_inputs, arch=args.arch, **_shapes(args, mf),
-                  roles=args.roles or mf.roles, autotune=args.autotune or mf.autotune)
+                  roles=args.roles or mf.roles, autotune=autotune)
+        _check_autotune(autotune, ir, source)
         _report_dims(args, ir)
         print(ir.to_json() if args.json else summarize(ir), end="\n" if args.json else "")
         return 0
@@ -202,6 +276,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     from .fileio import check_folder
 
+    _parse_json_options(args)
+    _check_output("-o/--output", args.output)
     for name in args.target:  # fail fast on a typo, before the slow front half
         get_target(name)
     out = check_folder(args.output)  # a file there is refused before any work starts
@@ -239,6 +315,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def cmd_export_triton(args: argparse.Namespace) -> int:
     from .serving import export_triton
 
+    _check_output("-o/--output", args.output)
     result = export_triton(args.directory, args.output, name=args.name, backend=args.backend,
                            instances=args.instances, max_batch_size=args.max_batch_size)
     print(f"config: {result.config}")
@@ -268,10 +345,31 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return handlers[args.command](args)
     except KernelLensError as exc:
-        if args.debug:
-            raise
-        print(f"kernel_lens: error: {exc}", file=sys.stderr)
-        return 2
+        return _report_error(exc, args.debug, 2)
+    except Exception as exc:  # noqa: BLE001 - a bug of ours: one line, the traceback under --debug
+        return _report_error(exc, args.debug, 1, internal=True)
+
+
+def _report_error(exc: Exception, debug: bool, status: int, internal: bool = False) -> int:
+    """One line on stderr: ``kernel_lens: error: <type>: <first line of the message>``; with
+    ``--debug``, the whole message and the traceback. Details (compiler output, pydantic's
+    list, torch.export's explanation) stay out of the way of the line that names the fix."""
+    if debug:
+        traceback.print_exception(exc, file=sys.stderr)
+        return status
+    lines = [l for l in str(exc).strip().splitlines() if l.strip()] or ["(no message)"]
+    first = lines[0].strip()
+    more = []
+    if len(first) > _LINE:
+        first = first[:_LINE] + "..."
+        more.append("the message is cut")
+    if len(lines) > 1:
+        more.append(f"{len(lines) - 1} more line{'s' if len(lines) > 2 else ''}")
+    tail = f" [{', '.join(more)}: run again with --debug to see all]" if more else ""
+    kind = "internal error" if internal else "error"
+    hint = " (a kernel_lens bug: please report it with the --debug output)" if internal else ""
+    print(f"kernel_lens: {kind}: {type(exc).__name__}: {first}{tail}{hint}", file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

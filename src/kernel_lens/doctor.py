@@ -8,6 +8,12 @@ reported with its error text, never raised. Heavy imports happen only where a pr
 (torch for its CUDA build and GPUs; the ONNX Runtime CUDA check runs in a child process, so a
 crashing provider cannot take the report down).
 
+Every child process (the ONNX Runtime check, ``--version`` of nvcc, ptxas and the C++ compiler)
+starts through :func:`_run_isolated`: in a fresh empty temporary folder, and Python with ``-I``
+(no current folder, no ``PYTHON*`` variables, no user site-packages on ``sys.path``), so a file
+planted where the doctor is run (an ``onnx.py``, a ``./ptxas`` reached through a relative PATH
+entry) is never imported or executed.
+
 :func:`report` returns the text and the exit status: 0 when the ``ort`` target can be built (a C++
 compiler and the ONNX Runtime headers are found), 1 otherwise.
 """
@@ -21,6 +27,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -68,10 +75,17 @@ def _installed(module: str) -> bool:
         return False
 
 
+def _run_isolated(cmd: list[str]) -> subprocess.CompletedProcess:
+    """Run a probe in a fresh empty folder, so a relative name cannot reach the caller's files
+    (a Python child is started with ``-I`` by its caller: see the module docstring)."""
+    with tempfile.TemporaryDirectory(prefix="kernel_lens-doctor-") as neutral:
+        return subprocess.run(cmd, cwd=neutral, capture_output=True, text=True, timeout=_TIMEOUT_S)
+
+
 def _tool_version(exe: str, pick: Callable[[list[str]], str] | None = None) -> str:
     """A one-line version of ``exe --version`` (the line with 'release' for NVIDIA tools)."""
     try:
-        proc = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=_TIMEOUT_S)
+        proc = _run_isolated([exe, "--version"])
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"cannot run '{exe} --version': {_error(exc)}"
     lines = [l.strip() for l in (proc.stdout or proc.stderr).splitlines() if l.strip()]
@@ -153,8 +167,7 @@ print("PROVIDERS=" + ",".join(s.get_providers()))
 def _ort_cuda_ep() -> str:
     """Create a one-node session on the CUDA EP in a child process; say whether the EP loaded."""
     try:
-        proc = subprocess.run([sys.executable, "-c", _ORT_CUDA_CHECK], capture_output=True, text=True,
-                              timeout=_TIMEOUT_S)
+        proc = _run_isolated([sys.executable, "-I", "-c", _ORT_CUDA_CHECK])
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"check failed: {_error(exc)}"
     providers = next((l[len("PROVIDERS="):].split(",") for l in proc.stdout.splitlines()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import sys
 from dataclasses import dataclass
@@ -21,15 +22,49 @@ class ModelFile:
     autotune: dict | None = None
 
 
+def _module_name(path: Path) -> str:
+    """The name to import ``path`` under: its stem, unless that names another module.
+
+    A model file called like a standard-library or installed module (``json.py``, ``numpy.py``),
+    or like one already imported, would replace that module in ``sys.modules`` for the whole
+    process (torch and kernel_lens itself import ``json``); such a file is imported under a
+    private name instead, so it neither shadows nor clashes.
+    """
+    stem = path.stem
+    loaded = sys.modules.get(stem)
+    if loaded is not None:
+        clash = getattr(loaded, "__file__", None) != str(path)  # not this same file again
+    elif stem in sys.stdlib_module_names:
+        clash = True
+    elif stem.isidentifier():
+        try:
+            found = importlib.util.find_spec(stem)  # a top-level name: imports nothing
+        except (ImportError, ValueError):
+            found = None
+        clash = found is not None and found.origin != str(path)
+    else:
+        clash = False  # no `import` statement can name it
+    if not clash:
+        return stem
+    safe = "".join(c if c.isalnum() or c == "_" else "_" for c in stem)
+    digest = hashlib.sha256(str(path).encode()).hexdigest()[:12]
+    return f"_kernel_lens_model_{safe}_{digest}"
+
+
 def load_model_file(path: str | Path) -> ModelFile:
-    """Import ``path`` as a module (its folder on sys.path) and read its contract."""
+    """Import ``path`` as a module and read its contract.
+
+    Its folder goes at the end of ``sys.path`` (sibling imports work; a sibling file cannot
+    shadow a standard-library or installed module), and a file named like another module is
+    imported under a private name (see :func:`_module_name`).
+    """
     path = Path(path).resolve()
     if not path.is_file():
         raise ModelFileError(f"model file {path} does not exist")
-    name = path.stem
+    name = _module_name(path)
     folder = str(path.parent)
     if folder not in sys.path:
-        sys.path.insert(0, folder)
+        sys.path.append(folder)
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ModelFileError(f"{path} is not an importable Python file")
