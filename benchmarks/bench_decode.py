@@ -1,0 +1,380 @@
+"""Greedy decoding with a static KV cache (examples/llama_decode.py, size ``bench``) on one GPU:
+per-token latency of eager PyTorch + Triton, a CUDA graph of eager, torch.compile
+(mode="reduce-overhead"), kernel_lens ``run()`` and kernel_lens ``run(cuda_graph=True)`` with the
+runner's static buffers, at batch 1 and 8, all in one process.
+
+    python benchmarks/bench_decode.py --json decode_results.json --plot decode_results.png
+
+The model (hidden 4096, 4 layers, 32/8 heads, FFN 11008, vocab 32000, max_len 256; random
+weights from a seeded init) is built on the GPU in ``--dtype`` (fp16 by default). kernel_lens
+compiles it once (target ort, into ``--out-dir``) with a dynamic batch, from a batch-8 example;
+when ``run()`` fails at some batch it is retried on a static compile for that batch
+(``--per-batch-compile``: static compiles only), and ``run(cuda_graph=True)`` uses the compile
+``run()`` worked with.
+
+Each variant decodes an 8-token prompt (fed one token per step) and then ``--tokens`` (128)
+greedy tokens through :func:`llama_decode.greedy_decode`: a warm-up loop, an untimed loop whose
+logits are compared with eager's step by step (token match, first mismatching generated token,
+max abs logit difference over the steps before it), then a timed loop. Reported: the median over
+the generated tokens of each step's CUDA-event time (``ms_per_token``), and the whole loop's
+CUDA-event time per token, Python and argmax included (``loop_ms_per_token``). The loop copies
+each step's position from the host (``torch.tensor([step], device=...)``), which waits for the
+previous step: every variant is measured as a token-at-a-time decode loop.
+
+Every variant runs in its own try/except: a failure is recorded (``error``) and the run goes on.
+TF32 is off everywhere. Writes the JSON after every batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "examples"))
+os.environ.setdefault("KL_DECODE_SIZE", "tiny")  # the module-level model; the bench builds its own
+
+import kernel_lens as kl  # noqa: E402
+import llama_decode as D  # noqa: E402
+
+VARIANTS = ["eager", "eager_cuda_graph", "torch_compile_reduce_overhead", "kernel_lens_run",
+            "kernel_lens_run_cuda_graph"]
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+PROMPT_LEN = 8
+
+
+def _driver() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def environment(args, dtype) -> dict:
+    import onnxruntime
+    import transformers
+    import triton
+
+    return {"gpu": torch.cuda.get_device_name(), "driver": _driver(),
+            "cuda": torch.version.cuda, "torch": torch.__version__, "triton": triton.__version__,
+            "onnxruntime": onnxruntime.__version__, "transformers": transformers.__version__,
+            "kernel_lens": getattr(kl, "__version__", None),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "config": D.SIZES["bench"], "dtype": str(dtype).removeprefix("torch."),
+            "prompt_len": PROMPT_LEN, "tokens": args.tokens, "tf32": False}
+
+
+# ----------------------------------------------------------------------------- step functions
+# Each maker returns (step_fn, caches): step_fn has the step's signature; caches are the
+# (k_cache, v_cache) the loop must hand it (static buffers for the graph variants).
+
+
+def make_eager(model, batch, example):
+    return model, model.new_caches(batch)
+
+
+def make_eager_cuda_graph(model, batch, example):
+    ids = example[0].clone()
+    position = torch.zeros(1, dtype=torch.int64, device=ids.device)
+    k_cache, v_cache = model.new_caches(batch)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.no_grad():  # warm-up off the capture (Triton's JIT)
+        for _ in range(3):
+            model(ids, position, k_cache, v_cache)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.no_grad():
+        logits = model(ids, position, k_cache, v_cache)
+    k_cache.zero_()
+    v_cache.zero_()
+
+    def step(new_ids, new_position, k, v):
+        assert k is k_cache and v is v_cache, "the graph reads its own static caches"
+        ids.copy_(new_ids)
+        position.copy_(new_position)
+        graph.replay()
+        return logits
+
+    return step, (k_cache, v_cache)
+
+
+def make_torch_compile(model, batch, example):
+    k_cache, v_cache = model.new_caches(batch)
+    # static addresses: cudagraph trees then keep the graph though the caches are mutated
+    torch._dynamo.mark_static_address(k_cache)
+    torch._dynamo.mark_static_address(v_cache)
+    compiled = torch.compile(model, mode="reduce-overhead", dynamic=False)
+
+    def step(ids, position, k, v):
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(ids, position, k, v)
+
+    return step, (k_cache, v_cache)
+
+
+def make_kl_run(compiled):
+    def make(model, batch, example):
+        return (lambda ids, position, k, v: compiled.run(ids, position, k, v, cuda_graph=False),
+                model.new_caches(batch))
+    return make
+
+
+def make_kl_cuda_graph(compiled):
+    def make(model, batch, example):
+        runner = compiled.runner(cuda_graph=True)
+        k_cache, v_cache = model.new_caches(batch)
+        position = torch.zeros(1, dtype=torch.int64, device=k_cache.device)
+        inputs, outputs = runner.cuda_graph_buffers(example[0], position, k_cache, v_cache)
+        static_ids, static_pos, static_k, static_v = inputs
+        static_k.zero_()
+        static_v.zero_()
+
+        def step(ids, pos, k, v):
+            assert k is static_k and v is static_v, "the graph reads its own static caches"
+            static_ids.copy_(ids)
+            static_pos.copy_(pos)
+            runner.run(*inputs, out=outputs)
+            return outputs[0]
+
+        return step, (static_k, static_v)
+    return make
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+def _reset(caches):
+    for c in caches:
+        c.zero_()
+
+
+def decode_timed(step_fn, prompt, tokens, caches) -> tuple[torch.Tensor, list[float], float]:
+    """One greedy loop with a CUDA-event pair around every step and around the whole loop."""
+    events = []
+
+    def timed_step(*args):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = step_fn(*args)
+        end.record()
+        events.append((start, end))
+        return out
+
+    first, last = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    first.record()
+    out = D.greedy_decode(timed_step, prompt, tokens, caches)
+    last.record()
+    last.synchronize()
+    steps = [s.elapsed_time(e) for s, e in events]
+    return out, steps, first.elapsed_time(last) / len(steps)
+
+
+def compare(step_fn, prompt, tokens, caches, reference: list[torch.Tensor] | None,
+            ref_tokens: torch.Tensor | None):
+    """An untimed loop: its tokens and logits (all steps, fp32) or its agreement with eager's."""
+    logits = []
+    out = D.greedy_decode(step_fn, prompt, tokens, caches,
+                          on_step=lambda step, lg: logits.append(lg.float().clone()))
+    if reference is None:
+        return out, logits, {}
+    same = (out == ref_tokens).all(0)  # per generated token, over the batch
+    mismatch = None if bool(same.all()) else int((~same).nonzero()[0])
+    # steps whose inputs were identical: every prefill step, and generated steps before the first
+    # mismatching token (its successor is fed a different token)
+    valid = len(logits) if mismatch is None else PROMPT_LEN + mismatch
+    diff = max(float((a - b).abs().max()) for a, b in zip(logits[:valid], reference[:valid]))
+    return out, logits, {"tokens_match": mismatch is None, "first_mismatch": mismatch,
+                         "max_abs_logit_diff": diff}
+
+
+def run_variant(name, maker, model, batch, example, prompt, tokens, reference, ref_tokens):
+    row = {"batch": batch, "variant": name}
+    t0 = time.perf_counter()
+    step_fn, caches = maker(model, batch, example)
+    with torch.no_grad():
+        _reset(caches)  # warm-up (compiles, captures graphs)
+        D.greedy_decode(step_fn, prompt, min(tokens, 16), caches)
+        row["setup_s"] = round(time.perf_counter() - t0, 1)
+        _reset(caches)
+        out, logits, agreement = compare(step_fn, prompt, tokens, caches, reference, ref_tokens)
+        row.update(agreement)
+        _reset(caches)
+        timed_out, steps, loop = decode_timed(step_fn, prompt, tokens, caches)
+    generated = steps[PROMPT_LEN - 1:]  # the steps whose output is a generated token
+    row.update(ms_per_token=round(statistics.median(generated), 4),
+               ms_per_token_p90=round(sorted(generated)[int(0.9 * (len(generated) - 1))], 4),
+               loop_ms_per_token=round(loop, 4), tokens_per_s_per_seq=round(1000.0 / loop, 1),
+               timed_run_same_tokens=bool(torch.equal(timed_out, out)))
+    return row, out, logits
+
+
+def kl_compile(model, batch, dtype_name, out_dir: Path, dynamic: bool, env: dict):
+    example = D.make_inputs(model, batch, position=PROMPT_LEN, device="cuda")
+    folder = out_dir / (f"dynamic_b{batch}_{dtype_name}" if dynamic else f"static_b{batch}_{dtype_name}")
+    t0 = time.perf_counter()
+    compiled = kl.compile(model, example, dynamic_shapes=D.dynamic_shapes_for(batch) if dynamic else None,
+                          targets=["ort"], output_dir=folder)
+    env.setdefault("kernel_lens_compile_s", {})[folder.name] = round(time.perf_counter() - t0, 1)
+    print(f"kernel_lens compile {folder.name}: {env['kernel_lens_compile_s'][folder.name]} s", flush=True)
+    return compiled
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", default="decode_results.json")
+    parser.add_argument("--plot", default=None)
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp16")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--out-dir", default="kl_decode_bench", help="kernel_lens artifacts")
+    parser.add_argument("--per-batch-compile", action="store_true",
+                        help="compile kernel_lens per batch (static shapes)")
+    parser.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
+    args = parser.parse_args()
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dtype = DTYPES[args.dtype]
+    env = environment(args, dtype)
+    result = {"env": env, "rows": [], "errors": {}}
+
+    def save():
+        Path(args.json).write_text(json.dumps(result, indent=1))
+
+    with torch.device("cuda"):  # the random init runs on the GPU
+        model = D.LlamaDecodeStep("bench", seed=0)
+    model = model.to(dtype).eval()
+    if PROMPT_LEN + args.tokens - 1 > model.max_len:
+        raise SystemExit(f"{PROMPT_LEN} + {args.tokens} tokens do not fit max_len {model.max_len}")
+    out_dir = Path(args.out_dir)
+
+    compiled_by_batch: dict[int, object] = {}
+    if not args.per_batch_compile and any(v.startswith("kernel_lens") for v in args.variants):
+        try:
+            shared = kl_compile(model, max(max(args.batches), 2), args.dtype, out_dir, True, env)
+            compiled_by_batch = {b: shared for b in args.batches}
+        except Exception as exc:  # noqa: BLE001 - recorded, the other variants still run
+            result["errors"]["kernel_lens_compile_dynamic"] = f"{type(exc).__name__}: {exc}"[:2000]
+            traceback.print_exc()
+
+    static_by_batch: dict[int, object] = {}  # a compile that failed is not tried again
+
+    def kl_model(batch: int):
+        if batch not in static_by_batch:
+            try:
+                static_by_batch[batch] = kl_compile(model, batch, args.dtype, out_dir, False, env)
+            except Exception as exc:  # noqa: BLE001
+                static_by_batch[batch] = exc
+        if isinstance(static_by_batch[batch], Exception):
+            raise static_by_batch[batch]
+        return static_by_batch[batch]
+
+    used: dict[int, str] = {}  # batch -> the compile kernel_lens_run ran on
+    for batch in args.batches:
+        g = torch.Generator().manual_seed(batch)
+        prompt = torch.randint(0, model.config.vocab_size, (batch, PROMPT_LEN), generator=g).cuda()
+        example = D.make_inputs(model, batch, position=PROMPT_LEN, device="cuda")
+        reference = ref_tokens = None
+        makers: dict[str, Callable] = {
+            "eager": make_eager, "eager_cuda_graph": make_eager_cuda_graph,
+            "torch_compile_reduce_overhead": make_torch_compile,
+        }
+        for name in ["eager"] + [v for v in args.variants if v != "eager"]:
+            if name == "kernel_lens_run":  # the dynamic-batch compile, else a static one
+                attempts = [] if batch not in compiled_by_batch else \
+                    [("dynamic batch", lambda: make_kl_run(compiled_by_batch[batch]))]
+                attempts.append(("static", lambda: make_kl_run(kl_model(batch))))
+            elif name == "kernel_lens_run_cuda_graph":  # the compile run() worked with
+                label = used.get(batch, "dynamic batch" if batch in compiled_by_batch else "static")
+                attempts = [(label, lambda label=label: make_kl_cuda_graph(
+                    compiled_by_batch[batch] if label == "dynamic batch" else kl_model(batch)))]
+            else:
+                attempts = [(None, lambda name=name: makers[name])]
+            row, errors = {"batch": batch, "variant": name}, {}
+            for label, get_maker in attempts:
+                try:
+                    row, out, logits = run_variant(name, get_maker(), model, batch, example, prompt,
+                                                   args.tokens, reference, ref_tokens)
+                    if label is not None:
+                        row["kernel_lens_compile"] = label
+                        used.setdefault(batch, label)
+                    if name == "eager":
+                        reference, ref_tokens = logits, out
+                        row.update(tokens_match=True, first_mismatch=None, max_abs_logit_diff=0.0)
+                    break
+                except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
+                    traceback.print_exc()
+                    errors[label or "error"] = f"{type(exc).__name__}: {exc}"[:2000]
+                finally:
+                    torch.cuda.synchronize()
+            if errors:
+                row["error" if "ms_per_token" not in row else "earlier_errors"] = errors
+            eager = next((r for r in result["rows"] if r["batch"] == batch
+                          and r["variant"] == "eager" and "ms_per_token" in r), None)
+            if "ms_per_token" in row and eager and name != "eager":
+                row["speedup_vs_eager"] = round(eager["ms_per_token"] / row["ms_per_token"], 3)
+            print(json.dumps(row), flush=True)
+            result["rows"].append(row)
+            save()
+        del reference
+        torch.cuda.empty_cache()
+
+    save()
+    if args.plot:
+        try:
+            plot(result, args.plot)
+        except Exception as exc:  # noqa: BLE001
+            result["errors"]["plot"] = f"{type(exc).__name__}: {exc}"
+            save()
+    print(json.dumps(result, indent=1))
+
+
+def plot(result: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    batches = sorted({r["batch"] for r in rows})
+    variants = [v for v in VARIANTS if any(r["variant"] == v for r in rows)]
+    width = 0.8 / max(len(batches), 1)
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    for j, batch in enumerate(batches):
+        values = []
+        for v in variants:
+            row = next((r for r in rows if r["batch"] == batch and r["variant"] == v), {})
+            values.append(row.get("ms_per_token") or 0.0)
+        xs = [i + (j - (len(batches) - 1) / 2) * width for i in range(len(variants))]
+        ax.bar(xs, values, width, label=f"batch {batch}")
+        for x, value, v in zip(xs, values, variants):
+            ax.text(x, value, f"{value:.2f}" if value else "failed", ha="center", va="bottom",
+                    fontsize=7)
+    ax.set_xticks(range(len(variants)))
+    ax.set_xticklabels([v.replace("_", "\n") for v in variants], fontsize=8)
+    ax.set_ylabel("ms per token (median)")
+    env = result["env"]
+    ax.set_title(f"LLaMA decode step, static KV cache ({env['dtype']}, hidden 4096, 4 layers, "
+                 f"{env['tokens']} greedy tokens) on {env['gpu']}", fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    with torch.cuda.stream(torch.cuda.Stream()):  # ORT runs on torch's current (non-default) stream
+        main()
