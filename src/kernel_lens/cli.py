@@ -8,7 +8,7 @@ import logging
 import sys
 import traceback
 
-from . import __version__
+from .version import __version__
 from .errors import InputError, KernelLensError, OutputPathError
 
 
@@ -233,7 +233,7 @@ def cmd_dump_ir(args: argparse.Namespace) -> int:
         raise KernelLensError("dump-ir needs a model file (or --schema)")
     _parse_json_options(args)
     if args.after == "none":
-        from .frontends.lift import lift
+        from .compiler import lift
         from .model_file import load_model_file
         from .summary import summarize
 

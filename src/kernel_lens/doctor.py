@@ -101,10 +101,10 @@ def _release_line(lines: list[str]) -> str:
 # --- probes ---
 
 def _kernel_lens() -> Lines:
-    import kernel_lens
+    from . import version
 
-    return [("version", kernel_lens.__version__),
-            ("location", str(Path(kernel_lens.__file__).resolve().parent))]
+    return [("version", version.__version__),
+            ("location", str(Path(version.__file__).resolve().parent))]
 
 
 def _python() -> Lines:

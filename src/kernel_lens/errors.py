@@ -99,3 +99,8 @@ class InputError(KernelLensError):
 
 class ArchError(KernelLensError):
     """An unknown or unsupported GPU architecture was asked for."""
+
+
+class FetchError(KernelLensError):
+    """Downloading or unpacking a pinned third-party package failed (a tool or the registry is
+    unavailable, an archive differs from its pin or lacks a member)."""

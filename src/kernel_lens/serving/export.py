@@ -180,7 +180,7 @@ def export_triton(directory: str | Path, repository: str | Path, *, name: str | 
     """Export the compiled model in ``directory`` as ``REPOSITORY/NAME`` for Triton's ``backend``
     (``onnxruntime``, ``python`` or ``tensorrt``), with ``instances`` instances per GPU; ``max_batch_size > 0``
     makes the leading dynamic dim Triton's batch dim (it must lead every input and output)."""
-    from .. import __version__
+    from ..version import __version__
 
     kind = get_backend(backend)
     if isinstance(instances, bool) or not isinstance(instances, int) or instances < 1:

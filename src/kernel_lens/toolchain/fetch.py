@@ -43,20 +43,13 @@ from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterator, Sequence
 
-from kernel_lens.errors import CacheError, KernelLensError
+from kernel_lens.errors import CacheError, FetchError
 from kernel_lens.fileio import umask
 
 STAMP = ".kernel_lens-fetched"  # written into every installed folder: what was fetched into it
 DEFAULT_HINT = "pass a destination folder of your own"
 
 Select = Callable[[str], "str | None"]  # archive member name -> name inside the folder, or None
-
-
-class FetchError(KernelLensError):
-    """Downloading or unpacking a pinned third-party package failed (a tool or the registry is
-    unavailable, an archive differs from its pin or lacks a member).
-
-    Defined here until errors.py owns it (kernel_lens.errors is the home of typed errors)."""
 
 
 # --- downloading ---
