@@ -4,7 +4,6 @@ for another key, a link, or writable by others is not used (recompiled and repla
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -13,7 +12,7 @@ import pytest
 import triton
 
 import kernel_lens as kl
-from kernel_lens.toolchain import entry_cache
+from kernel_lens.toolchain import cache as kl_cache
 from kernel_lens.errors import CompilationError
 from kernel_lens.frontends import aot
 from kernel_lens.frontends.aot import compile_binary
@@ -84,12 +83,10 @@ def _tamper(path):
     path.write_bytes(data.replace(b".target sm_90a", b".target sm_99a", 1))
 
 
-def _foreign(path):  # a valid entry, but written for another key
-    _, _, body = path.read_bytes().partition(b"\n")
-    entry = json.loads(body)
+def _foreign(path):  # a valid entry, with its hash recorded, but written for another key
+    entry = json.loads(path.read_bytes())
     entry["key"] = "0" * 64
-    body = json.dumps(entry, sort_keys=True).encode()
-    path.write_bytes(f"{entry_cache.SCHEMA} {hashlib.sha256(body).hexdigest()}\n".encode() + body)
+    kl_cache.write_entry(path, json.dumps(entry, sort_keys=True).encode())
 
 
 def _group_writable(path):

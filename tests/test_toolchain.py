@@ -514,10 +514,14 @@ def test_untrusted_cache_folders_are_refused(where, tmp_path, monkeypatch):
     assert str(shown) in str(exc.value)
 
 
-def test_sticky_world_writable_root_is_accepted(tmp_path):
+@pytest.mark.parametrize("mode", [0o1777, 0o775])
+def test_sticky_world_writable_or_group_writable_root_is_refused(mode, tmp_path):
+    # docs/security.md: a cache root anyone else can write is refused, sticky bit or not
     (tmp_path / "cache").mkdir()
-    (tmp_path / "cache").chmod(0o1777)
-    assert _simple(tmp_path / "cache").is_file()
+    (tmp_path / "cache").chmod(mode)
+    with pytest.raises(CacheError, match=rf"refusing the build cache root .*mode {mode:o}.*KERNEL_LENS_CACHE"):
+        _simple(tmp_path / "cache")
+    assert not any((tmp_path / "cache").iterdir())
 
 
 def test_header_contents_change_the_key_even_at_the_same_size_and_mtime(tmp_path):

@@ -4,12 +4,15 @@ Every file kernel_lens writes into a user's folder goes through :func:`atomic_wr
 lands in a fresh ``mkstemp`` file in the destination folder (unpredictable name, created with
 ``O_EXCL``, so no link planted there is followed) and is then ``os.replace``d onto the final
 name. ``os.replace`` replaces a symlink sitting at that name; it never writes through it.
+Every folder kernel_lens makes below an output folder goes through :func:`subfolder`: each part
+is made or checked with ``lstat`` to be a real folder, not a link, before a byte is written.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
@@ -28,17 +31,65 @@ def umask() -> int:
 
 
 def inside(folder: str | Path, name: str | Path) -> Path:
-    """``folder / name``, refused unless it lies inside ``folder`` (no '..', no absolute name,
-    no link in ``name``'s own parts leading out)."""
+    """``folder / name``, refused unless it lies inside ``folder``: no '..', no absolute name, and
+    no link at any level below ``folder`` (each existing part of ``name`` but the last must be a
+    real folder; the last may be a link to a file, which :func:`atomic_write` replaces, but not a
+    link to a folder, which would be written into). Checked with ``lstat``, part by part."""
     folder = Path(folder)
-    path = folder / name
+    rel = Path(name)
+    path = folder / rel
+    if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+        raise OutputPathError(f"refusing to write {str(name)!r}: it does not lie inside the output "
+                              f"folder {folder}")
+    current = folder
+    for part in rel.parts[:-1]:
+        current = current / part
+        try:
+            st = os.lstat(current)
+        except FileNotFoundError:
+            break  # the rest is not made yet (subfolder() makes it, checking each part)
+        except OSError as exc:
+            raise OutputPathError(f"cannot inspect {current}: {exc.strerror}") from None
+        _check_real_folder(current, st)
+    if os.path.islink(path) and os.path.isdir(path):
+        raise OutputPathError(f"refusing to write {path}: it is a symbolic link to a folder "
+                              f"({os.readlink(path)}); remove the link (kernel_lens makes the folder)")
     root = folder.resolve()
     # resolve() follows links already in place; strict=False keeps not-yet-written names.
     target = path.parent.resolve() / path.name
-    if Path(name).is_absolute() or ".." in Path(name).parts or not target.is_relative_to(root) \
-            or target == root:
+    if not target.is_relative_to(root) or target == root:
         raise OutputPathError(f"refusing to write {str(name)!r}: it does not lie inside the output "
                               f"folder {folder}")
+    return path
+
+
+def _check_real_folder(path: Path, st: os.stat_result) -> None:
+    if stat.S_ISLNK(st.st_mode):
+        raise OutputPathError(f"refusing to write into {path}: it is a symbolic link (to "
+                              f"{os.readlink(path)}), and every folder kernel_lens writes below the "
+                              f"output folder must be a real one; remove the link (it is recreated)")
+    if not stat.S_ISDIR(st.st_mode):
+        raise OutputPathError(f"refusing to write into {path}: it is not a folder; remove it or "
+                              f"choose another output folder")
+
+
+def subfolder(root: str | Path, rel: str | Path) -> Path:
+    """``root / rel`` as a real folder inside ``root``, made if missing: each part of ``rel`` is
+    created or checked in turn with ``lstat`` (a link or a non-folder at any level is an
+    :class:`OutputPathError`), before anything is written into it. ``root`` itself is the
+    user's choice (it may be a link); what kernel_lens makes below it is not."""
+    root = ensure_folder(root)
+    path = inside(root, rel)
+    current = root
+    for part in Path(rel).parts:
+        current = current / part
+        try:
+            os.mkdir(current)  # 0o777 & ~umask, like any folder the user makes
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise OutputPathError(f"cannot create the folder {current}: {exc.strerror}") from None
+        _check_real_folder(current, os.lstat(current))
     return path
 
 

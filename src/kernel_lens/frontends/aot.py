@@ -12,10 +12,11 @@ the kernel's source with its dependencies and the globals it uses (``JITFunction
 where the kernel and its helpers are defined (file and line: the binary's line info names them),
 the signature, constexprs and attributes, the parsed options, the backend (arch and ``ptxas``
 version), Triton's cache-invalidating environment variables, and Triton's version and
-installation (``libtriton`` path, size and mtime). An entry is used only if it is a regular file
-(not a link) owned by the current user and not writable by others, its recorded sha256 matches
-its content and it names the key it is looked up under; anything else is recompiled and
-replaced (written atomically). Triton's override/dump/always-compile knobs bypass the cache.
+installation (``libtriton`` path, size and mtime). An entry is used only if it passes the
+cache's one trust check (:mod:`kernel_lens.toolchain.cache`, through
+:mod:`~kernel_lens.toolchain.entry_cache`) and names the key it is looked up under; anything else
+is recompiled and replaced (written atomically). Triton's override/dump/always-compile knobs
+bypass the cache.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from triton.compiler import ASTSource
 
 from ..errors import CompilationError
 from ..ir import AbiParam, DType, KernelBinary, KernelIR, ParamKind, Specialization
+from ..toolchain import entry_cache
 from . import triton_compat as tc
 from .source import resolve_jit
 
@@ -136,8 +138,6 @@ def _cache_usable() -> bool:
 
 def _read_entry(key: str) -> SimpleNamespace | None:
     """The compiled kernel of a trusted cache entry for ``key``, or None."""
-    from ..toolchain import entry_cache
-
     body = entry_cache.read("aot", key, ".json")
     if body is None:
         return None
@@ -161,8 +161,6 @@ def _read_entry(key: str) -> SimpleNamespace | None:
 
 
 def _write_entry(key: str, compiled) -> None:
-    from ..toolchain import entry_cache
-
     md = compiled.metadata
     entry = {"key": key, "schema": _CACHE_SCHEMA,
              **{k: getattr(md, k, _MD_DEFAULTS.get(k)) for k in _MD_FIELDS},

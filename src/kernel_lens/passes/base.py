@@ -203,12 +203,18 @@ class PassManager:
 
 
 
-def dump_to_dir(directory: str | Path) -> Callable[[str, GraphIR], None]:
-    """A dump callback writing ``<dir>/<NN>-<pass>.json``."""
-    from ..fileio import ensure_folder, inside
+def dump_to_dir(directory: str | Path, *, root: str | Path | None = None
+                ) -> Callable[[str, GraphIR], None]:
+    """A dump callback writing ``<dir>/<NN>-<pass>.json``. ``directory`` is a real folder below
+    ``root`` (default: its parent, e.g. the output folder of ``compile -o``): made if missing,
+    and a link at any level below ``root`` is refused, when made and again before each dump."""
+    from ..fileio import inside, subfolder
 
-    directory = ensure_folder(directory)
+    directory = Path(directory)
+    root = directory.parent if root is None else Path(root)
+    rel = directory.relative_to(root)
+    subfolder(root, rel)  # checked now, before the passes run
 
     def dump(name: str, ir: GraphIR) -> None:
-        ir.save(inside(directory, f"{len(ir.passes_run):02d}-{name}.json"))
+        ir.save(inside(subfolder(root, rel), f"{len(ir.passes_run):02d}-{name}.json"))
     return dump

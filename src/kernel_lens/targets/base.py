@@ -102,9 +102,9 @@ class StagedTarget(Target):
     def write_sources(out_dir: Path, folder: str, sources: dict[str, str]) -> dict[str, Path]:
         """Write generated sources into ``out_dir/folder`` (an ``emit`` stage that is the last
         one run); the artifacts ``source.<file>``."""
-        from ..fileio import atomic_write, ensure_folder, inside
+        from ..fileio import atomic_write, inside, subfolder
 
-        src = ensure_folder(inside(out_dir, folder))
+        src = subfolder(out_dir, folder)  # a real folder: a link planted there is refused
         return {f"source.{name}": atomic_write(inside(src, name), text) for name, text in sources.items()}
 
 

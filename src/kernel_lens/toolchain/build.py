@@ -6,13 +6,14 @@ contents of every header in it), the compiler's identity (``--version``, resolve
 of the binary), the environment variables the compiler reads (:data:`KEY_ENV_VARS`) and
 ``key_extra``. A cache hit returns without running the compiler.
 
-The cache trusts only what this user wrote (docs/security.md). The cache root and the key's folder
-must be real folders (not links) owned by the current user and not writable by others, else
-:class:`CacheError`. Next to each library, ``<name>.so.sha256`` records the sha256 of its bytes
-(``sha256sum`` format). A library is reused only if it and its record are regular files (not
-links) owned by the current user and not writable by group or others, and its bytes match the
-record; anything else is logged as a warning and rebuilt (atomically replaced, a link at the name
-is replaced, never followed).
+The cache trusts only what this user wrote (docs/security.md), by the rules of
+:mod:`kernel_lens.toolchain.cache`: the cache root, the key's folder and ``failed/`` must be real
+folders (not links) owned by the current user and writable by no one else, else
+:class:`CacheError`. Next to each library, ``<name>.so.sha256`` records the sha256 of its bytes.
+A library is reused only if it and its record are regular files (not links) owned by the current
+user and not writable by group or others, and its bytes match the record; anything else is
+logged as a warning and rebuilt (atomically replaced, a link at the name is replaced, never
+followed).
 
 Builds are atomic and safe across processes: the compiler writes a temporary file in the key's
 folder which is then ``os.replace``d into place, under an exclusive ``flock`` on the key's lock
@@ -44,6 +45,8 @@ from typing import Iterator, Mapping, Sequence
 
 from kernel_lens.errors import BuildError, CacheError, ToolchainError
 from kernel_lens.fileio import atomic_write, umask
+from kernel_lens.toolchain.cache import (CACHE_HINT, FAILED, build_cache_dir, cache_folder,
+                                         entry_problem, record_hash, trusted_folder)
 from kernel_lens.toolchain.compilers import find_cxx, toolchain_id
 from kernel_lens.toolchain.headers import header_fingerprint
 
@@ -62,24 +65,10 @@ _KEY_SCHEMA = "kernel_lens.build/2"
 KEY_ENV_VARS = ("CXX", "KERNEL_LENS_CXX", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "CPATH",
                 "CPLUS_INCLUDE_PATH", "C_INCLUDE_PATH", "LIBRARY_PATH", "GCC_EXEC_PREFIX",
                 "COMPILER_PATH", "SOURCE_DATE_EPOCH", "LD_RUN_PATH", "GCC_COMPARE_DEBUG")
-HASH_SUFFIX = ".sha256"  # <name>.so.sha256: the library's sha256, recorded when it was built
 # Default system include folders: passing them with -isystem reorders the search and breaks
 # libstdc++'s #include_next, and they are searched anyway.
 _DEFAULT_INCLUDE_DIRS = {Path("/usr/include"), Path("/usr/local/include"),
                          Path("/usr/include") / f"{platform.machine()}-linux-gnu"}
-
-
-def build_cache_dir(cache_dir: Path | None = None) -> Path:
-    """Cache root: ``cache_dir``, else $KERNEL_LENS_CACHE, else the platform's user cache folder
-    (platformdirs; ~/.cache/kernel_lens/build on Linux, honouring $XDG_CACHE_HOME)."""
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    env = os.environ.get("KERNEL_LENS_CACHE")
-    if env:
-        return Path(env).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("kernel_lens")) / "build"
 
 
 def _check_inputs(name: str, sources: Mapping[str, str]) -> list[str]:
@@ -116,95 +105,6 @@ def _cache_key(name: str, sources: Mapping[str, str], flags: Sequence[str],
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-_CACHE_HINT = ("set KERNEL_LENS_CACHE (or pass cache_dir) to a folder of your own that is not a "
-               "link and not writable by others")
-
-
-def _checked_folder(path: Path, what: str, *, create: bool = False) -> None:
-    """Refuse (CacheError) a cache folder that is a link, not a folder, another user's, or
-    writable by others: a key folder by group or others, the root by others unless sticky."""
-    if create:
-        try:
-            path.mkdir(mode=0o755, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise CacheError(f"cannot create the build cache {what} {path}: {exc.strerror}; "
-                             f"{_CACHE_HINT}") from None
-    try:
-        st = os.lstat(path)
-    except OSError as exc:
-        raise CacheError(f"cannot use the build cache {what} {path}: {exc.strerror}; {_CACHE_HINT}") from None
-    problem = None
-    if stat.S_ISLNK(st.st_mode):
-        problem = f"is a symbolic link (to {os.readlink(path)})"
-    elif not stat.S_ISDIR(st.st_mode):
-        problem = "is not a folder"
-    elif st.st_uid != os.geteuid():
-        problem = f"is owned by uid {st.st_uid}, not by the current user (uid {os.geteuid()})"
-    elif what == "root" and st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
-        problem = f"is writable by others (mode {stat.S_IMODE(st.st_mode):o}, no sticky bit)"
-    elif what != "root" and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        problem = f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
-    if problem:
-        raise CacheError(f"refusing the build cache {what} {path}: it {problem}; {_CACHE_HINT}"
-                         + (" (or remove it: it is rebuilt)" if what == "key folder" else ""))
-
-
-def _file_problem(st: os.stat_result) -> str | None:
-    if stat.S_ISLNK(st.st_mode):
-        return "it is a symbolic link"
-    if not stat.S_ISREG(st.st_mode):
-        return "it is not a regular file"
-    if st.st_uid != os.geteuid():
-        return f"it is owned by uid {st.st_uid}, not by the current user (uid {os.geteuid()})"
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"it is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
-    return None
-
-
-def _read_trusted(path: Path) -> tuple[bytes | None, str | None]:
-    """(bytes, None) for a regular file of the current user that only they can write, read
-    without following a link; (None, why not) otherwise; (None, None) when it does not exist."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None, None
-    except OSError as exc:
-        return None, f"it cannot be inspected ({exc.strerror})"
-    problem = _file_problem(st)
-    if problem:
-        return None, problem
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        return None, f"it cannot be opened ({exc.strerror})"
-    with os.fdopen(fd, "rb") as fh:
-        fst = os.fstat(fh.fileno())
-        if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
-            return None, "it was replaced while being checked"
-        return fh.read(), None
-
-
-def _entry_problem(lib: Path) -> str | None:
-    """Why the cached ``lib`` must not be reused ('missing' if absent), or None if it is trusted."""
-    data, problem = _read_trusted(lib)
-    if problem:
-        return f"{lib}: {problem}"
-    if data is None:
-        return "missing"
-    record = lib.with_name(lib.name + HASH_SUFFIX)
-    recorded, record_problem = _read_trusted(record)
-    if record_problem:
-        return f"{record}: {record_problem}"
-    if recorded is None:
-        return f"{lib}: no content hash was recorded for it ({record} is missing)"
-    fields = recorded.split()
-    want = fields[0].decode("ascii", "replace").lower() if fields else ""
-    have = hashlib.sha256(data).hexdigest()
-    if want != have:
-        return f"{lib}: its sha256 {have} does not match the hash recorded in {record} ({want or 'empty'})"
-    return None
-
-
 @contextmanager
 def _locked(lock_path: Path, what: str) -> Iterator[None]:
     try:
@@ -212,13 +112,13 @@ def _locked(lock_path: Path, what: str) -> Iterator[None]:
     except OSError as exc:
         why = "it is a symbolic link" if os.path.islink(lock_path) else exc.strerror
         raise CacheError(f"cannot open the build cache lock file {lock_path}: {why}; remove it "
-                         f"(it is recreated), or {_CACHE_HINT}") from None
+                         f"(it is recreated), or {CACHE_HINT}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
             raise CacheError(f"refusing the build cache lock file {lock_path}: it is not a regular "
                              f"file owned by the current user; remove it (it is recreated), or "
-                             f"{_CACHE_HINT}")
+                             f"{CACHE_HINT}")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -232,7 +132,7 @@ def _locked(lock_path: Path, what: str) -> Iterator[None]:
         os.close(fd)
 
 
-def _trim(text: str, keep_path: Path) -> str:
+def _trim(text: str, keep_path: Path | str) -> str:
     lines = text.rstrip().splitlines()
     if len(lines) <= MAX_STDERR_LINES:
         return "\n".join(lines)
@@ -258,13 +158,12 @@ def build_shared_library(name: str, sources: dict[str, str], *, include_dirs: li
         raise BuildError(f"library {name}: include folder(s) {', '.join(missing)} do not exist")
     flags = [*CXX_FLAGS, *extra_flags]
     key = _cache_key(name, sources, flags, includes, toolchain_id(cxx), key_extra)
-    root = build_cache_dir(cache_dir)
-    _checked_folder(root, "root", create=True)
+    root = trusted_folder(build_cache_dir(cache_dir), "build cache root", create=True)
     key_dir = root / key[:16]
     lib = key_dir / f"{name}.so"
     if os.path.lexists(key_dir):
-        _checked_folder(key_dir, "key folder")
-        if _entry_problem(lib) is None:
+        trusted_folder(key_dir, "build cache key folder", removable=True)
+        if entry_problem(lib)[1] is None:
             log.debug("cache hit: %s", lib)
             return lib
     else:
@@ -272,9 +171,9 @@ def build_shared_library(name: str, sources: dict[str, str], *, include_dirs: li
             os.mkdir(key_dir, 0o755)
         except FileExistsError:  # made by another process meanwhile
             pass
-        _checked_folder(key_dir, "key folder")
+        trusted_folder(key_dir, "build cache key folder", removable=True)
     with _locked(key_dir / ".lock", f"{name} ({key[:16]})"):
-        problem = _entry_problem(lib)  # checked again: another process may have built it meanwhile
+        _, problem = entry_problem(lib)  # checked again: another process may have built it meanwhile
         if problem is None:
             log.debug("cache hit after waiting: %s", lib)
             return lib
@@ -306,31 +205,42 @@ def _compile(name: str, sources: Mapping[str, str], units: list[str], cxx: str, 
             raise ToolchainError(f"cannot run the C++ compiler {cxx}: {exc}; set KERNEL_LENS_CXX "
                                  "to a working C++ compiler") from None
         if proc.returncode != 0 or not tmp_out.is_file() or tmp_out.stat().st_size == 0:
-            kept = root / "failed" / f"{name}-{key[:16]}"
-            if kept.is_symlink():  # replaced, never followed (shutil.move would move into its target)
-                kept.unlink()
-            shutil.rmtree(kept, ignore_errors=True)
-            kept.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(work), str(kept))
-            os.chmod(kept, 0o777 & ~umask())  # mkdtemp made it 0700
-            # The command as run, its temporary output renamed so it can be rerun in the kept folder.
-            rerun = [f"{name}.so" if arg == str(tmp_out) else arg for arg in cmd]
-            command = f"cd {shlex.quote(str(kept))} && {shlex.join(rerun)}"
-            (kept / "command.txt").write_text(command + "\n")
-            (kept / "stderr.txt").write_text(proc.stderr)
+            try:
+                command, kept = _keep_failed(name, key, root, work, cmd, tmp_out, proc.stderr)
+                where, full = f"the failing sources are kept in {kept}", kept / "stderr.txt"
+            except CacheError as exc:  # the build's own error stays the one raised
+                command, full = shlex.join(cmd), "the compiler's stderr"
+                where = f"the failing sources were not kept: {exc}"
             raise BuildError(
                 f"building {name} failed (exit {proc.returncode}).\n"
                 f"command: {command}\n"
-                f"{_trim(proc.stderr or proc.stdout or '(no compiler output)', kept / 'stderr.txt')}\n"
-                f"the failing sources are kept in {kept}")
+                f"{_trim(proc.stderr or proc.stdout or '(no compiler output)', full)}\n{where}")
         os.chmod(tmp_out, 0o755 & ~umask())  # mkstemp made it 0600; never group/world-writable
         if lib.is_dir() and not lib.is_symlink():
             raise CacheError(f"cannot replace the build cache entry {lib}: it is a folder; remove it")
         digest = hashlib.sha256(tmp_out.read_bytes()).hexdigest()
         os.replace(tmp_out, lib)  # a link at lib is replaced, not followed
-        # Written second: a crash in between leaves a mismatch, so the library is rebuilt.
-        atomic_write(lib.with_name(lib.name + HASH_SUFFIX), f"{digest}  {lib.name}\n", mode=0o644)
+        record_hash(lib, digest)  # second: a crash in between leaves a mismatch, so a rebuild
     finally:
         tmp_out.unlink(missing_ok=True)
         shutil.rmtree(work, ignore_errors=True)
     log.info("building %s (%d sources)... done in %.2f s", name, len(sources), time.monotonic() - start)
+
+
+def _keep_failed(name: str, key: str, root: Path, work: Path, cmd: list[str], tmp_out: Path,
+                 stderr: str) -> tuple[str, Path]:
+    """Move the failing build's sources to ``<cache>/failed/<name>-<key>`` (a trusted folder, like
+    every cache folder); the command that reruns the build there, and the folder."""
+    failed = cache_folder(FAILED, root=root)
+    kept = failed / f"{name}-{key[:16]}"
+    if kept.is_symlink():  # replaced, never followed (shutil.move would move into its target)
+        kept.unlink()
+    shutil.rmtree(kept, ignore_errors=True)
+    shutil.move(str(work), str(kept))
+    os.chmod(kept, 0o755 & ~umask())  # mkdtemp made it 0700; never group/world-writable
+    # The command as run, its temporary output renamed so it can be rerun in the kept folder.
+    rerun = [f"{name}.so" if arg == str(tmp_out) else arg for arg in cmd]
+    command = f"cd {shlex.quote(str(kept))} && {shlex.join(rerun)}"
+    atomic_write(kept / "command.txt", command + "\n", mode=0o644)
+    atomic_write(kept / "stderr.txt", stderr, mode=0o644)
+    return command, kept

@@ -1,9 +1,11 @@
 """Small content-addressed cache entries: kernel binaries, lowered ONNX models, torchlib's op list.
 
-An entry is ``<kernel_lens cache>/<kind>/<key><suffix>``: a header line ``kl-entry-1 <sha256>``
-then the body. It is reused only if it is a regular file (not a link) of the current user that
-only they can write, and the recorded sha256 matches the body (docs/security.md); anything else
-is ignored with a warning and rewritten. Writes are atomic.
+An entry is ``<kernel_lens cache>/<kind>/<key><suffix>`` with its sha256 recorded beside it
+(``<key><suffix>.sha256``). It is reused only if it passes the cache's one trust check
+(:func:`kernel_lens.toolchain.cache.entry_problem`: a regular file, not a link, of the current
+user that only they can write, whose sha256 matches the record; docs/security.md); anything else
+is ignored with a warning and rewritten. Writes are atomic. A cache folder that cannot be trusted
+is not used (a warning): the caller computes the value afresh.
 """
 
 from __future__ import annotations
@@ -15,10 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CacheError
+from . import cache
 
 log = logging.getLogger(__name__)
-
-SCHEMA = "kl-entry-1"
 
 
 def key_of(*parts: Any) -> str:
@@ -27,42 +28,22 @@ def key_of(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(norm, default=str, sort_keys=True).encode()).hexdigest()
 
 
-def _path(kind: str, key: str, suffix: str) -> Path | None:
-    from .build import _checked_folder, build_cache_dir
-
-    path = build_cache_dir() / kind / f"{key}{suffix}"
+def path_of(kind: str, key: str, suffix: str = "") -> Path | None:
+    """Where the entry lives (its folders made and checked), or None if they cannot be trusted."""
     try:
-        _checked_folder(path.parent.parent, "root", create=True)
-        _checked_folder(path.parent, f"{kind} folder", create=True)
+        return cache.cache_folder(kind) / f"{key}{suffix}"
     except CacheError as exc:
         log.warning("%s cache not used: %s", kind, exc)
         return None
-    return path
 
 
 def read(kind: str, key: str, suffix: str = "") -> bytes | None:
     """The body of a trusted entry, or None (missing, or not trusted: then a warning)."""
-    from .build import _read_trusted
-
-    path = _path(kind, key, suffix)
-    if path is None:
-        return None
-    data, problem = _read_trusted(path)
-    if data is not None and problem is None:
-        header, _, body = data.partition(b"\n")
-        fields = header.decode("ascii", "replace").split()
-        if fields == [SCHEMA, hashlib.sha256(body).hexdigest()]:
-            return body
-        problem = "its recorded sha256 does not match its content"
-    if problem:
-        log.warning("%s cache entry %s not reused (%s); it is rebuilt", kind, path, problem)
-    return None
+    path = path_of(kind, key, suffix)
+    return None if path is None else cache.read_entry(path, kind)
 
 
 def write(kind: str, key: str, body: bytes, suffix: str = "") -> None:
-    from ..fileio import atomic_write
-
-    path = _path(kind, key, suffix)
+    path = path_of(kind, key, suffix)
     if path is not None:
-        atomic_write(path, f"{SCHEMA} {hashlib.sha256(body).hexdigest()}\n".encode() + body,
-                     mode=0o644)
+        cache.write_entry(path, body)
