@@ -284,14 +284,20 @@ def load(directory: str | Path, *, cuda_graph: bool = False) -> CompiledModel:
 
 
 def artifact_cache_dir() -> Path:
-    """Where compile() without output_dir keeps artifacts: <build cache>/artifacts."""
-    from .toolchain.build import build_cache_dir
+    """Where compile() without output_dir keeps artifacts: <build cache>/artifacts (the location
+    lives in :mod:`kernel_lens.toolchain.cache`, with every cache's)."""
+    from .toolchain import cache
 
-    return build_cache_dir() / "artifacts"
+    return cache.artifacts_dir()
 
 
 def _compile_into_cache(compiled: CompiledModel, targets: list[str]) -> CompiledModel:
-    """Write the artifacts into a content-addressed folder of the cache (reused when present)."""
+    """Write the artifacts into a content-addressed folder of the cache (reused when present).
+
+    The entry is trusted by the cache's rules (:mod:`kernel_lens.toolchain.cache`): the cache
+    folders must be real, the user's own and writable by no one else (else CacheError); the
+    entry's folders and files must be too, and its files exactly those recorded with their
+    sha256 when it was written, else it is removed and written again (a warning says why)."""
     import hashlib
     import os
     import shutil
@@ -299,29 +305,47 @@ def _compile_into_cache(compiled: CompiledModel, targets: list[str]) -> Compiled
 
     from . import __version__
     from .errors import CacheError
+    from .fileio import umask
+    from .toolchain import cache
 
     key = hashlib.sha256(json.dumps({"ir": compiled.ir.to_json(indent=None), "targets": sorted(targets),
                                      "kernel_lens": __version__}, sort_keys=True).encode()).hexdigest()
-    root = ensure_folder(artifact_cache_dir())
+    root = cache.cache_folder(cache.ARTIFACTS)
     final = root / key[:24]
-    if final.exists():
-        if final.is_symlink() or os.lstat(final).st_uid != os.geteuid():
-            raise CacheError(f"artifact cache entry {final} is a link or not yours; remove it or set "
-                             f"KERNEL_LENS_CACHE to a folder of your own")
-    else:
+    if os.path.lexists(final):
+        cache.trusted_folder(final, "artifact cache entry", removable=True)
+        problem = cache.tree_problem(final)
+        if problem is not None:
+            log.warning("artifact cache entry not reused, it is rebuilt: %s", problem)
+            cache.discard(final)
+    if not os.path.lexists(final):
         work = Path(tempfile.mkdtemp(prefix=f".{key[:12]}.", dir=root))
         try:
+            os.chmod(work, 0o755 & ~umask())  # mkdtemp made it 0700
             compiled.write(work, targets)
+            cache.seal_tree(work)  # no group/other write bit; each file's sha256 recorded
             try:
                 os.replace(work, final)  # atomic; another process may have won the race
             except OSError:
                 if not final.is_dir():
                     raise
+                cache.trusted_folder(final, "artifact cache entry", removable=True)
+                problem = cache.tree_problem(final)
+                if problem is not None:
+                    raise CacheError(f"artifact cache entry {final} was written meanwhile but "
+                                     f"cannot be trusted ({problem}); remove it (it is rebuilt)")
         finally:
             shutil.rmtree(work, ignore_errors=True)
     reused = load(final)
     reused.example_outputs, reused.timings = compiled.example_outputs, compiled.timings
     return reused
+
+
+def lift(model: Callable, example_inputs: Iterable[Any], **kwargs: Any) -> GraphIR:
+    """The front half (capture, trace, AOT compile) ending in GraphIR, with the ATen ops the
+    ONNX lowering cannot translate decomposed as ``torch.onnx.export`` does (keyword arguments
+    as :func:`kernel_lens.frontends.lift.lift_with_outputs`)."""
+    return lift_with_outputs(model, tuple(example_inputs), translatable=supported, **kwargs)[0]
 
 
 def pass_context(options: dict | None = None) -> PassContext:

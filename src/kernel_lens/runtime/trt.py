@@ -1,9 +1,13 @@
 """Run a kernel_lens TensorRT build (the ONNX graph + the plugin library) with TensorRT, on torch
 CUDA tensors, zero-copy.
 
-The engine is built once and cached as a file under kernel_lens's artifact cache, keyed by the
-ONNX graph, the plugin library, the TensorRT package and version, and the GPU (name and compute
-capability); its optimization profile comes from the IR's symbol ranges, with the captured sizes
+The engine is built once and cached as a file in ``<kernel_lens cache>/tensorrt-engines``, keyed
+by the ONNX graph, the plugin library, the TensorRT package and version, and the GPU (name and
+compute capability). A cached engine is used only if it passes the cache's one trust check
+(:mod:`kernel_lens.toolchain.cache`: a regular file, not a link, of the current user that no one
+else can write, whose sha256 matches the one recorded when it was built, in a folder of the same
+kind), else it is rebuilt: TensorRT deserializes an engine into code it runs. Its optimization
+profile comes from the IR's symbol ranges, with the captured sizes
 as ``opt`` (:func:`~kernel_lens.targets.trt.target.optimization_profile`). Works with the
 ``tensorrt`` Python package (TensorRT 10+) and with TensorRT-RTX's (``tensorrt_rtx``): the same
 builder API. Inputs and outputs are bound by address to torch's memory and the engine runs on
@@ -22,8 +26,9 @@ from typing import Any, Sequence
 import torch
 
 from ..errors import KernelLensError
-from ..fileio import atomic_write, ensure_folder, inside
+from ..fileio import inside
 from ..ir import GraphIR
+from ..toolchain import cache
 from .signature import CallSignature
 
 # The Python packages that provide TensorRT's builder API, in the order they are tried:
@@ -55,6 +60,18 @@ def gpu_identity() -> str:
     index = torch.cuda.current_device()
     major, minor = torch.cuda.get_device_capability(index)
     return f"{torch.cuda.get_device_name(index)} sm_{major}{minor}"
+
+
+def trusted_engine_folder(folder: str | Path) -> Path:
+    """A TensorRT engine folder given by the caller, made if missing and checked like every
+    cache folder (real, the user's own, writable by no one else; else CacheError)."""
+    return cache.trusted_folder(folder, "TensorRT engine cache folder", create=True)
+
+
+def cached_engine(path: str | Path) -> bytes | None:
+    """The serialized engine cached at ``path`` if it can be trusted, else None (a warning says
+    why when it exists): the cache's one trust check, engines included."""
+    return cache.read_entry(path, "TensorRT engine")
 
 
 class TrtModel:
@@ -101,19 +118,25 @@ class TrtModel:
         return digest.hexdigest()
 
     def _engine_cache(self) -> Path:
+        """The engine folder, made if missing and checked like every cache folder (CacheError)."""
         if self._cache_dir is None:
-            from ..compiler import artifact_cache_dir
+            return cache.cache_folder(cache.TENSORRT_ENGINES)
+        return trusted_engine_folder(self._cache_dir)
 
-            self._cache_dir = artifact_cache_dir().parent / "tensorrt-engines"
-        return ensure_folder(self._cache_dir)
+    def _engine(self) -> tuple[Path, bytes]:
+        """The engine's cache path and its bytes: the cached engine if it can be trusted, else
+        one built now and cached."""
+        path = inside(self._engine_cache(), f"{self.ir.name}-{self.engine_key()[:32]}.engine")
+        data = cached_engine(path)
+        if data is None:
+            data = self._build()
+            cache.write_entry(path, data)
+        self.engine_path = path
+        return path, data
 
     def build_engine(self) -> Path:
         """The serialized engine for this GPU and TensorRT (built now, or found in the cache)."""
-        path = inside(self._engine_cache(), f"{self.ir.name}-{self.engine_key()[:32]}.engine")
-        if not path.is_file():
-            atomic_write(path, self._build(), mode=0o644)
-        self.engine_path = path
-        return path
+        return self._engine()[0]
 
     def _build(self) -> bytes:
         trt = self.trt
@@ -142,8 +165,8 @@ class TrtModel:
         """The execution context on device ``index`` (its engine deserialized there once)."""
         if index in self._contexts:
             return self._contexts[index][1]
-        path = self.build_engine()
-        engine = self.trt.Runtime(self._logger).deserialize_cuda_engine(path.read_bytes())
+        path, data = self._engine()  # the bytes checked, not the file read again
+        engine = self.trt.Runtime(self._logger).deserialize_cuda_engine(data)
         if engine is None:
             raise KernelLensError(f"{self.trt.__name__} could not deserialize {path} on this GPU "
                                   f"({gpu_identity()}); delete it to rebuild")
