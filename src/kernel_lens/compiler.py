@@ -303,7 +303,7 @@ def _compile_into_cache(compiled: CompiledModel, targets: list[str]) -> Compiled
     import shutil
     import tempfile
 
-    from . import __version__
+    from .version import __version__
     from .errors import CacheError
     from .fileio import umask
     from .toolchain import cache
