@@ -502,8 +502,6 @@ def test_save_onnx_refuses_a_model_with_an_outside_location(tmp_path):
         "w.bin": ["attribute 'value' of Constant node 'c'"]}
 
 
-@pytest.mark.xfail(strict=True, reason="serving/export.py checks only top-level initializers "
-                   "until its _external_data uses kernel_lens.onnx.external_data (owner: serving)")
 @pytest.mark.parametrize("where", ["constant", "subgraph_initializer"])
 def test_triton_export_checks_every_tensors_external_data(where, tmp_path):
     from kernel_lens.serving.export import _external_data

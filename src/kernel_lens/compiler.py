@@ -17,8 +17,10 @@ from .fileio import atomic_copy, atomic_write, check_folder, ensure_folder, insi
 from .frontends.aot import compile_binary
 from .frontends.lift import lift_with_outputs
 from .ir import GraphIR
+from .onnx.lower import supported
 from .passes import PassContext, PassManager, PassTiming, default_pipeline
 from .summary import summarize
+from .version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -303,7 +305,6 @@ def _compile_into_cache(compiled: CompiledModel, targets: list[str]) -> Compiled
     import shutil
     import tempfile
 
-    from .version import __version__
     from .errors import CacheError
     from .fileio import umask
     from .toolchain import cache
@@ -380,7 +381,8 @@ def compile(model: Callable, example_inputs: Iterable[Any], *, dynamic_shapes: A
                                   f"where its outputs are written")
         stop_after = None  # every pass runs
     ir, outputs = lift_with_outputs(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes,
-                                    arch=arch, roles=roles, autotune=autotune, dynamic=dynamic)
+                                    arch=arch, roles=roles, autotune=autotune, dynamic=dynamic,
+                                    translatable=supported)
     pm = pass_manager or default_pipeline()
     ir = pm.run(ir, pass_context(options), stop_after=stop_after, dump_after=dump_after, dump=dump)
     compiled = CompiledModel(ir, outputs, list(pm.timings))

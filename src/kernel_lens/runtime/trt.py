@@ -8,7 +8,7 @@ compute capability). A cached engine is used only if it passes the cache's one t
 else can write, whose sha256 matches the one recorded when it was built, in a folder of the same
 kind), else it is rebuilt: TensorRT deserializes an engine into code it runs. Its optimization
 profile comes from the IR's symbol ranges, with the captured sizes
-as ``opt`` (:func:`~kernel_lens.targets.trt.target.optimization_profile`). Works with the
+as ``opt`` (:func:`~kernel_lens.codegen.profile.optimization_profile`). Works with the
 ``tensorrt`` Python package (TensorRT 10+) and with TensorRT-RTX's (``tensorrt_rtx``): the same
 builder API. Inputs and outputs are bound by address to torch's memory and the engine runs on
 torch's current stream (``execute_async_v3``), with no synchronization added.
@@ -104,7 +104,7 @@ class TrtModel:
             _loaded_libraries.add(key)
 
     def profile(self) -> dict[str, list[tuple[int, int, int]]]:
-        from ..targets.trt.target import optimization_profile
+        from ..codegen.profile import optimization_profile
 
         return optimization_profile(self.ir)
 

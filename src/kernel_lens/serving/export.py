@@ -24,13 +24,13 @@ import tempfile
 from pathlib import Path
 
 import jinja2
-import onnx
 from google.protobuf import text_encoding
 from pydantic import BaseModel, ConfigDict
 
 from ..errors import ArtifactError, InputError, OutputPathError
 from ..fileio import atomic_copy, atomic_write, ensure_folder, inside, umask
 from ..ir import GraphIR
+from ..onnx.external_data import external_data_files
 from .backends import VERSION, BackendConfig, CompiledArtifacts, TritonBackend, get_backend
 from .interface import ModelInterface, check_file_name, check_name, load_graph, read_interface
 
@@ -73,20 +73,14 @@ def _compiled(directory: str | Path, kind: TritonBackend) -> tuple[CompiledArtif
 
 
 def _external_data(onnx_path: Path) -> dict[str, Path]:
-    """The external-data files the graph names (weights past 2 GB), each inside its folder."""
-    model = load_graph(onnx_path)
-    found: dict[str, Path] = {}
-    for tensor in model.graph.initializer:
-        if tensor.data_location != onnx.TensorProto.EXTERNAL:
-            continue
-        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
-        check_file_name(location, f"{onnx_path}: initializer {tensor.name!r} keeps its data in a file",
+    """The external-data files the graph names (weights past 2 GB), each inside its folder:
+    every tensor's location is checked (initializers, ``Constant`` attributes, subgraphs,
+    functions), and each file name must also be one the export may write."""
+    load_graph(onnx_path)  # a corrupt graph is one typed line naming the file
+    found = external_data_files(onnx_path)
+    for location in found:
+        check_file_name(location, f"{onnx_path}: a tensor keeps its data in a file",
                         "only a plain file beside the graph is exported (recompile)")
-        path = onnx_path.parent / location
-        if not path.is_file() or not path.resolve().is_relative_to(onnx_path.parent.resolve()):
-            raise ArtifactError(f"{onnx_path}: external data file {path} is missing or lies outside "
-                                f"{onnx_path.parent}; recompile")
-        found[location] = path
     return found
 
 
