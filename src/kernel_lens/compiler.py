@@ -85,13 +85,15 @@ class CompiledModel:
         """Targets whose artifacts this model has (each may have a runner)."""
         return sorted({kind.split(".", 1)[0] for kind in self.artifacts if "." in kind})
 
-    def runner(self, backend: str | None = None, *, cuda_graph: bool | None = None) -> Any:
+    def runner(self, backend: str | None = None, *, cuda_graph: bool | str | None = None) -> Any:
         """The target's runner over this model's artifacts (made once, then reused; the
         artifacts it opens are checked again, just before, to be regular files in the folder)."""
         if backend is not None and not isinstance(backend, str):
             raise InputError(f"backend must be a target name such as 'ort' (a str), got "
                              f"{type(backend).__name__} {reprlib.repr(backend)}")
-        graph = self.cuda_graph if cuda_graph is None else bool(cuda_graph)
+        graph = self.cuda_graph if cuda_graph is None else cuda_graph
+        if not (isinstance(graph, bool) or graph in ("torch", "ort")):
+            raise InputError(f"cuda_graph={reprlib.repr(graph)}: pass True, False, 'torch' or 'ort'")
         asked = (backend, graph)
         if asked not in self._runners:  # resolve the name once: run() calls this on every call
             from .targets.base import get_target
@@ -102,7 +104,7 @@ class CompiledModel:
                 prefix = f"{backend}."
                 artifacts = {k[len(prefix):]: self._recheck(k, v) for k, v in self.artifacts.items()
                              if k.startswith(prefix)}
-                options = {"cuda_graph": True} if graph else {}
+                options = {"cuda_graph": graph} if graph else {}
                 self._runners[key] = get_target(backend).runner(self.ir, artifacts, **options)
             self._runners[asked] = self._runners[key]
         return self._runners[asked]
@@ -146,10 +148,11 @@ class CompiledModel:
         return named[0]
 
     def run(self, *tensors: Any, out: Any = None, backend: str | None = None,
-            cuda_graph: bool | None = None) -> Any:
+            cuda_graph: bool | str | None = None) -> Any:
         """Run the compiled model on torch CUDA tensors with a target's runner (``backend``: a
         target built, or an alias: "onnxruntime", "tensorrt"; default, the only target built;
-        ``cuda_graph``: the ORT CUDA-graph mode)."""
+        ``cuda_graph``: replay a CUDA graph per input shape, True or "torch" (a torch graph of
+        ORT's Run) or "ort" (ORT's own graph mode); see :mod:`kernel_lens.runtime.ort`)."""
         return self.runner(backend, cuda_graph=cuda_graph).run(*tensors, out=out)
 
     def save(self, directory: str | Path) -> "CompiledModel":

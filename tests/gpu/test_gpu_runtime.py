@@ -28,11 +28,15 @@ def _compiled(module, **kw):
                       dynamic_shapes=module.dynamic_shapes, targets=["ort"], **kw)
 
 
+MODES = ["torch", "ort"]  # a torch CUDA graph of ORT's Run; ORT's own graph mode
+
+
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("name,sizes,exact", [
     ("toy_two_kernels", [1000, 4099, 1000, 17, 4099], True),
     ("llama_block", [16, 37, 16, 128, 37], False),
 ])
-def test_cuda_graph_mode_matches_eager_across_shape_changes(name, sizes, exact):
+def test_cuda_graph_mode_matches_eager_across_shape_changes(name, sizes, exact, mode):
     path = EXAMPLES / f"{name}.py"
     module = load_module(path)
     compiled = _compiled(module)
@@ -45,7 +49,7 @@ def test_cuda_graph_mode_matches_eager_across_shape_changes(name, sizes, exact):
             shape = list(t.shape)
             shape[0 if t.dim() == 1 else 1] = size
             inputs.append(torch.randn(shape, generator=g, device="cuda", dtype=t.dtype))
-        ours = flatten(compiled.run(*[t.clone() for t in inputs], cuda_graph=True))
+        ours = flatten(compiled.run(*[t.clone() for t in inputs], cuda_graph=mode))
         ref = flatten(model(*[t.clone() for t in inputs]))
         plain = flatten(compiled.run(*[t.clone() for t in inputs]))
         for a, b, c in zip(ours, ref, plain):
@@ -54,21 +58,24 @@ def test_cuda_graph_mode_matches_eager_across_shape_changes(name, sizes, exact):
                 assert torch.equal(_bits(a), _bits(b))
             else:
                 torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
-            print(f"{name} size={size} cuda_graph max_abs_diff={(a.float() - b.float()).abs().max().item()!r}")
+            print(f"{name} size={size} cuda_graph={mode} max_abs_diff={(a.float() - b.float()).abs().max().item()!r}")
         for kept, again in previous:  # results of earlier calls were not overwritten
             assert torch.equal(kept, again)
         previous.append((ours[0], ours[0].clone()))
-    runner = compiled.runner(cuda_graph=True)
+    runner = compiled.runner(cuda_graph=mode)
     assert len(next(iter(runner._sessions.values())).graphs) == len(set(sizes))
+    if mode == "torch":  # every graph captured once, replayed after
+        assert all(g.captured is not None for g in next(iter(runner._sessions.values())).graphs.values())
 
 
-def test_cuda_graph_mutating_model_updates_the_callers_tensor():
+@pytest.mark.parametrize("mode", [None, *MODES])
+def test_cuda_graph_mutating_model_updates_the_callers_tensor(mode):
     module = load_module(CORPUS / "inplace_input.py")
     compiled = _compiled(module)
     for _ in range(3):
         inputs = [torch.randn_like(t.cuda()) if t.is_floating_point() else t.cuda() for t in module.example_inputs]
         mine, ref = [t.clone() for t in inputs], [t.clone() for t in inputs]
-        out = flatten(compiled.run(*mine, cuda_graph=True))
+        out = flatten(compiled.run(*mine, cuda_graph=mode))
         expected = flatten(_cuda(module)(*ref))
         for a, b in zip(out, expected):
             assert torch.equal(_bits(a), _bits(b))
@@ -76,16 +83,36 @@ def test_cuda_graph_mutating_model_updates_the_callers_tensor():
             assert torch.equal(_bits(a), _bits(b))
 
 
-def test_static_buffers_make_a_call_copy_nothing():
+def test_inplace_inputs_are_bound_as_their_own_output():
+    """The model's written input is updated in the caller's buffer: no copy back, and the
+    binding of mutated_<input> is the input's own pointer."""
+    module = load_module(CORPUS / "inplace_input.py")
+    compiled = _compiled(module)
+    runner = compiled.runner()
+    assert runner.in_place, "inplace_input's written input should be updated in place"
+    inputs = [torch.randn_like(t.cuda()) if t.is_floating_point() else t.cuda() for t in module.example_inputs]
+    ref = [t.clone() for t in inputs]
+    out = flatten(compiled.run(*inputs))
+    expected = flatten(_cuda(module)(*ref))
+    for a, b in zip(out + inputs, expected + ref):
+        assert torch.equal(_bits(a), _bits(b))
+    state = next(iter(runner._sessions.values()))
+    for name in runner.in_place:
+        i = compiled.ir.inputs.index(name)
+        assert state.bound[f"mutated_{name}"][0] == inputs[i].data_ptr()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_static_buffers_make_a_call_copy_nothing(mode):
     module = load_module(EXAMPLES / "toy_two_kernels.py")
     compiled = _compiled(module)
     x, y = (t.cuda() for t in module.example_inputs)
-    runner = compiled.runner(cuda_graph=True)
+    runner = compiled.runner(cuda_graph=mode)
     ins, outs = runner.cuda_graph_buffers(x, y)
     for step in range(3):
         ins[0].copy_(torch.randn_like(x))
         ins[1].copy_(torch.randn_like(y))
-        got = compiled.run(*ins, out=outs, cuda_graph=True)
+        got = compiled.run(*ins, out=outs, cuda_graph=mode)
         assert got.data_ptr() == outs[0].data_ptr()
         expected = _cuda(module)(ins[0].clone(), ins[1].clone())
         assert torch.equal(got, expected), step

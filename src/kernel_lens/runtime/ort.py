@@ -9,15 +9,27 @@ rank and dim checks, output-shape evaluators as exact integer closures: the mode
 :class:`~kernel_lens.runtime.signature.CallSignature`) is computed once, and
 a binding is only re-made for a tensor whose pointer or shape changed since the last call.
 
-With ``cuda_graph=True`` the session uses ORT's CUDA-graph mode: per distinct input shape the
-runtime owns static input and output buffers bound once, and ORT captures one graph for them
-(run option ``gpu_graph_id``) and replays it on later calls. Inputs are copied into the static
-buffers and outputs out of them on torch's stream, unless the caller passes the static buffers
-themselves (:meth:`OrtModel.cuda_graph_buffers`), which makes a call copy nothing.
+Inputs the model writes in place (a KV cache) come back as ONNX outputs ``mutated_<input>``;
+where the graph allows it (:func:`kernel_lens.onnx.aliasing.in_place_inputs`) that output is
+bound to the input's own buffer, so nothing is allocated or copied back; otherwise the new
+contents are copied into the caller's tensor after the run.
+
+CUDA graphs: per distinct input shape the runtime owns static input and output buffers bound
+once, captures one graph for them on the first call and replays it on later calls. Inputs are
+copied into the static buffers and outputs out of them on torch's stream, unless the caller
+passes the static buffers themselves (:meth:`OrtModel.cuda_graph_buffers`), which makes a call
+copy nothing. Two ways to capture (``cuda_graph=``):
+
+* ``"torch"`` (what ``True`` means): a torch CUDA graph around ORT's ``Run`` on a stream the
+  session owns; a replay is one graph launch (:mod:`kernel_lens.runtime.cuda_graph` says what is
+  checked to keep it exact);
+* ``"ort"``: ORT's own CUDA-graph mode (run option ``gpu_graph_id``), each call going through
+  ``Run``.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 import threading
@@ -25,12 +37,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+import onnx
 import torch
 
-from ..errors import ArtifactError, KernelLensError
+from ..errors import ArtifactError, InputError, KernelLensError
 from ..ir import GraphIR
-from ..onnx import onnx_dtype
+from ..onnx.aliasing import MUTATED_PREFIX, in_place_inputs
+from ..onnx.context import onnx_dtype
+from .cuda_graph import host_dependencies
 from .signature import CallSignature, Shape
+
+GRAPH_MODES = ("torch", "ort")
+DEFAULT_GRAPH_MODE = "torch"  # what cuda_graph=True picks (benchmarks/bench_decode.py measured both)
+
+
+def graph_mode(cuda_graph: object) -> str | None:
+    """``cuda_graph=`` as a capture mode: None (no graph), "torch" or "ort"."""
+    if cuda_graph is None or cuda_graph is False:
+        return None
+    if cuda_graph is True:
+        return DEFAULT_GRAPH_MODE
+    if isinstance(cuda_graph, str) and cuda_graph in GRAPH_MODES:
+        return cuda_graph
+    raise InputError(f"cuda_graph={cuda_graph!r}: pass True, False, or one of {GRAPH_MODES}")
 
 
 @dataclass
@@ -48,14 +77,23 @@ class _Output:
 
 
 @dataclass
+class _Mutation:
+    output: str                                # mutated_<input>
+    input: int                                 # the input's position
+    in_place: bool                             # bound to the input's own buffer
+
+
+@dataclass
 class _Graph:
-    """One captured ORT CUDA graph: its static buffers, binding and run options."""
+    """One CUDA graph: its static buffers, binding and run options, and (mode "torch") the
+    captured torch graph, made on the first call."""
 
     inputs: list[torch.Tensor]
     outputs: list[torch.Tensor]
-    mutated: list[torch.Tensor]
+    mutated: list[torch.Tensor]                # the input's static buffer itself when in place
     binding: object
     run_options: object
+    captured: torch.cuda.CUDAGraph | None = None
 
 
 @dataclass
@@ -70,7 +108,7 @@ class OrtModel:
     """An ONNX Runtime session over a compiled model, called with torch CUDA tensors."""
 
     def __init__(self, ir: GraphIR, onnx_path: str | Path, library_path: str | Path, *,
-                 cuda_graph: bool = False) -> None:
+                 cuda_graph: bool | str = False) -> None:
         # Checked before anything else: a relative library name reaches dlopen's search path.
         onnx_path, library_path = _pinned(onnx_path, "ONNX model"), _pinned(library_path, "plugin library")
         try:
@@ -83,17 +121,22 @@ class OrtModel:
                 f"({ort.get_available_providers()}); install onnxruntime-gpu")
         self._ort = ort
         self.ir = ir
-        self.cuda_graph = bool(cuda_graph)
+        self.graph_mode = graph_mode(cuda_graph)
+        self.cuda_graph = self.graph_mode is not None
         self.onnx_path, self.library_path = onnx_path, library_path
         self.signature = CallSignature(ir)
         self._inputs = [_Input(spec.name, spec.dtype, onnx_dtype(spec.ir_dtype))
                         for spec in self.signature.inputs]
         self._outputs = [_Output(f"output_{i}", o.dtype, onnx_dtype(o.ir_dtype))
                          for i, o in enumerate(self.signature.outputs)]
-        self._mutated = [(o, ir.inputs.index(o.removeprefix("mutated_"))) for o in self._graph_outputs()
-                         if o.startswith("mutated_")]
+        model = onnx.load(self.onnx_path, load_external_data=False)
+        in_place = in_place_inputs(model)
+        self._mutated = [_Mutation(o.name, ir.inputs.index(name), name in in_place)
+                         for o in model.graph.output if o.name.startswith(MUTATED_PREFIX)
+                         for name in [o.name.removeprefix(MUTATED_PREFIX)]]
         self._sessions: dict[tuple[int, int], _Session] = {}
         self._side_streams: dict[int, torch.cuda.Stream] = {}
+        self._capture_streams: dict[int, torch.cuda.Stream] = {}
         self._lock = threading.Lock()  # one IOBinding per session: bind + run must not interleave
         self._run_options = self._make_run_options(-1)  # plain runs: never capture
 
@@ -106,10 +149,10 @@ class OrtModel:
         options.add_run_config_entry("gpu_graph_id", str(graph_id))
         return options
 
-    def _graph_outputs(self) -> list[str]:
-        import onnx
-
-        return [o.name for o in onnx.load(self.onnx_path, load_external_data=False).graph.output]
+    @property
+    def in_place(self) -> list[str]:
+        """The inputs the model writes that are updated in the caller's own buffer."""
+        return [self.ir.inputs[m.input] for m in self._mutated if m.in_place]
 
     def _stream(self, index: int) -> tuple[int, torch.cuda.Stream | None]:
         """The raw stream ORT runs on: torch's current one; when that is the legacy default
@@ -136,7 +179,7 @@ class OrtModel:
             options = {"device_id": str(index),
                        "use_tf32": str(int(torch.backends.cuda.matmul.allow_tf32)),
                        "has_user_compute_stream": "1", "user_compute_stream": str(stream)}
-            if self.cuda_graph:
+            if self.graph_mode == "ort":
                 options["enable_cuda_graph"] = "1"
             try:
                 session = self._ort.InferenceSession(
@@ -177,8 +220,8 @@ class OrtModel:
         those recorded in ``bound`` is not bound again."""
         named = [(binding.bind_input, spec.name, spec.code, t) for spec, t in zip(self._inputs, inputs)]
         named += [(binding.bind_output, o.name, o.code, t) for o, t in zip(self._outputs, outputs)]
-        named += [(binding.bind_output, oname, self._inputs[i].code, t)
-                  for (oname, i), t in zip(self._mutated, mutated)]
+        named += [(binding.bind_output, m.output, self._inputs[m.input].code, t)
+                  for m, t in zip(self._mutated, mutated)]
         for bind, name, code, t in named:
             key = (t.data_ptr(), tuple(t.shape))
             if bound.get(name) != key:
@@ -198,15 +241,25 @@ class OrtModel:
         index = device.index
         stream, side = self._stream(index)
         state = self.session(index, stream)
-        mutated = [torch.empty_like(tensors[i]) for _, i in self._mutated]
+        mutated = [tensors[m.input] if m.in_place else torch.empty_like(tensors[m.input])
+                   for m in self._mutated]
         self._bind_all(state.binding, state.bound, index, tensors, outputs, mutated)
         self._run_ordered(side, index, state.session, state.binding, self._run_options)
-        for (_, i), new in zip(self._mutated, mutated):  # the model mutates these inputs: so does
-            tensors[i].copy_(new)                         # the compiled model
+        for m, new in zip(self._mutated, mutated):  # the model mutates these inputs: so does the
+            if not m.in_place:                      # compiled model
+                tensors[m.input].copy_(new)
 
     # --- CUDA graphs ---------------------------------------------------------------------------
+    def _capture_stream(self, index: int) -> torch.cuda.Stream:
+        if index not in self._capture_streams:
+            self._capture_streams[index] = torch.cuda.Stream(index)
+        return self._capture_streams[index]
+
     def _graph(self, tensors, shapes, device) -> tuple[_Graph, _Session, torch.cuda.Stream | None]:
-        stream, side = self._stream(device.index)
+        if self.graph_mode == "torch":  # a session of its own, on a stream of its own
+            stream, side = self._capture_stream(device.index).cuda_stream, None
+        else:
+            stream, side = self._stream(device.index)
         state = self.session(device.index, stream)
         key = tuple(tuple(t.shape) for t in tensors)
         graph = state.graphs.get(key)
@@ -215,7 +268,8 @@ class OrtModel:
                       for t, s in zip(tensors, self._inputs)]
             outputs = [torch.empty(shape, dtype=o.dtype, device=device)
                        for shape, o in zip(shapes, self._outputs)]
-            mutated = [torch.empty_like(inputs[i]) for _, i in self._mutated]
+            mutated = [inputs[m.input] if m.in_place else torch.empty_like(inputs[m.input])
+                       for m in self._mutated]
             binding = state.session.io_binding()
             self._bind_all(binding, {}, device.index, inputs, outputs, mutated)
             graph = state.graphs[key] = _Graph(inputs, outputs, mutated, binding,
@@ -239,20 +293,78 @@ class OrtModel:
         for static, t in zip(graph.inputs, tensors):
             if static.data_ptr() != t.data_ptr():
                 static.copy_(t)
-        try:
-            self._run_ordered(side, device.index, state.session, graph.binding, graph.run_options)
-        except Exception as exc:  # ORT's own exception types
-            raise KernelLensError(f"ONNX Runtime failed in CUDA-graph mode: {exc}; models that "
-                                  f"synchronize with the host or place nodes on the CPU cannot be "
-                                  f"captured (run without cuda_graph=True)") from None
-        for (_, i), static in zip(self._mutated, graph.mutated):
-            tensors[i].copy_(static)
+        if graph.captured is not None:
+            graph.captured.replay()  # on the caller's stream
+        elif self.graph_mode == "torch":
+            self._capture(graph, state, device)
+        else:
+            try:
+                self._run_ordered(side, device.index, state.session, graph.binding, graph.run_options)
+            except Exception as exc:  # ORT's own exception types
+                raise KernelLensError(f"ONNX Runtime failed in CUDA-graph mode: {exc}; models that "
+                                      f"synchronize with the host or place nodes on the CPU cannot "
+                                      f"be captured (run without cuda_graph=True)") from None
+        for m, static in zip(self._mutated, graph.mutated):
+            if tensors[m.input].data_ptr() != static.data_ptr():
+                tensors[m.input].copy_(static)
         if out is None:
             return [t.clone() for t in graph.outputs]
         for dst, static in zip(out, graph.outputs):
             if dst.data_ptr() != static.data_ptr():
                 dst.copy_(static)
         return list(out)
+
+
+    def _capture(self, graph: _Graph, state: _Session, device: torch.device) -> None:
+        """Capture ORT's Run on the session's own stream into a torch CUDA graph, then run the
+        call by replaying it, checked bit for bit against a plain run on the same inputs."""
+        index = device.index
+        stream, caller = self._capture_stream(index), torch.cuda.current_stream(index)
+        state_buffers = [graph.inputs[m.input] for m in self._mutated if m.in_place]
+        results = graph.outputs + [t for m, t in zip(self._mutated, graph.mutated) if not m.in_place]
+        results += state_buffers
+        run = functools.partial(state.session.run_with_iobinding, graph.binding, graph.run_options)
+        stream.wait_stream(caller)  # the static inputs are filled on the caller's stream
+        try:
+            with torch.cuda.device(index), torch.cuda.stream(stream):
+                saved = [t.clone() for t in state_buffers]  # warm runs must not advance the state
+
+                def restore() -> None:
+                    for t, s in zip(state_buffers, saved):
+                        t.copy_(s)
+
+                for _ in range(3):  # the arena, cuBLAS workspaces, kernel modules: all made now
+                    run()
+                    restore()
+                run()
+                expected = [t.clone() for t in results]
+                restore()
+                captured = torch.cuda.CUDAGraph(keep_graph=True)
+                with torch.cuda.graph(captured, stream=stream, capture_error_mode="thread_local"):
+                    run()
+        except Exception as exc:  # ORT's and torch's own exception types
+            raise KernelLensError(f"cannot capture ONNX Runtime's Run of {self.onnx_path} in a CUDA "
+                                  f"graph: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}; "
+                                  f"models that synchronize with the host or place nodes on the "
+                                  f"CPU cannot be captured (run without cuda_graph)") from None
+        host = host_dependencies(captured.raw_cuda_graph())
+        if host:
+            raise KernelLensError(f"ONNX Runtime's Run of {self.onnx_path} does {len(host)} thing(s) "
+                                  f"on the host inside the captured graph ({', '.join(sorted(set(host)))}), "
+                                  f"which a replay would repeat on memory that is gone: use "
+                                  f"cuda_graph='ort' (ORT's own graph mode) or no CUDA graph")
+        captured.instantiate()
+        caller.wait_stream(stream)
+        captured.replay()
+        names = [o.name for o in self._outputs]
+        names += [m.output for m in self._mutated if not m.in_place]
+        names += [m.output for m in self._mutated if m.in_place]
+        for name, got, want in zip(names, results, expected):
+            if not torch.equal(got.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8)):
+                raise KernelLensError(f"the CUDA graph of ONNX Runtime's Run of {self.onnx_path} gives "
+                                      f"{name} different from a plain run on the same inputs; use "
+                                      f"cuda_graph='ort' or no CUDA graph")
+        graph.captured = captured
 
 
 def _pinned(path: str | Path, what: str) -> str:

@@ -65,7 +65,8 @@ class OrtTarget(StagedTarget):
         log.info("ort: wrote %s", lib_path)
         return {"library": lib_path}
 
-    def runner(self, ir: GraphIR, artifacts: dict[str, Path], *, cuda_graph: bool = False, **options):
+    def runner(self, ir: GraphIR, artifacts: dict[str, Path], *, cuda_graph: bool | str = False,
+               **options):
         from ...runtime.ort import OrtModel
 
         onnx_path, library = self.runner_inputs(artifacts, options, "cuda_graph")
