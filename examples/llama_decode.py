@@ -1,18 +1,29 @@
-"""One LLaMA decode step over a STATIC KV cache, with Triton RMSNorm, RoPE and SwiGLU.
+"""One LLaMA decode step over a STATIC KV cache, with Triton RMSNorm, RoPE, SwiGLU and cache write.
 
 The weights are a Hugging Face ``transformers.LlamaForCausalLM`` built from a config (random
 weights from a seeded init; nothing is downloaded); its norms and MLPs are replaced by the Triton
 drop-ins of ``_hf_kernels.py`` (sharing the original parameters), as in ``hf_llama.py``.
 :class:`LlamaDecodeStep` runs the model's own modules for ONE new token per sequence:
 
-    forward(input_ids [B, 1] int64, position [1] int64, k_cache, v_cache) -> logits [B, vocab]
+    forward(input_ids [B, 1] int64, position [1] int64, *caches) -> logits [B, vocab]
 
-``k_cache`` and ``v_cache`` are ``[layers, B, kv_heads, max_len, head_dim]``. The step writes the
-new token's k and v into them IN PLACE at ``position`` (``index_copy_`` on dim 2 of each layer's
-slice) and attends over the whole static cache with the boolean mask
-``arange(max_len) <= position`` (torch SDPA). ``position`` is a tensor input (the index of the new
-token, the same for every sequence), so one compiled graph serves every step. RoPE's cos/sin come
-from the model's rotary embedding at ``position``.
+``caches`` is ``(k_cache_0, v_cache_0, k_cache_1, v_cache_1, ...)``: one tensor per layer and
+k/v, each ``[B, kv_heads, max_len, head_dim]`` (the layout of transformers' ``StaticCache``); in
+the compiled graph they are the inputs ``caches_0``, ``caches_1``, ... (k at even, v at odd
+indices; torch.export names a ``*caches`` argument that way) with outputs ``mutated_caches_<i>``.
+The step writes the new token's k and v into its layer's two caches IN PLACE at ``position``, one
+launch of the Triton ``kv_cache_write_kernel`` (``_kv_cache.py``) per cache tensor, which reads
+the position on the device, and then attends over the layer's whole updated cache with the
+boolean mask ``arange(max_len) <= position`` (torch SDPA after ``repeat_kv``). Each cache is thus
+written by exactly one node that works in place and read only after it, which lets the runtime
+bind ``mutated_caches_<i>`` to the input's own buffer (no copy of the cache per step).
+``position`` is a tensor input (the index of the new token, the same for every sequence), so one
+compiled graph serves every step. RoPE's cos/sin come from the model's rotary embedding at
+``position``. ``triton=False`` (the plain reference) writes the caches with ``index_copy_``.
+
+The cache kernel only stores to its cache parameter, so role inference alone calls it ``output``;
+the cache is partially written, and :data:`roles` overrides that to ``inplace`` (the CLI reads
+it from this file; pass ``roles=`` to ``kernel_lens.compile`` when calling it directly).
 
     kernel_lens compile examples/llama_decode.py --target ort -o kl_llama_decode
 
@@ -30,7 +41,7 @@ greedy tokens) with any callable of the step's signature: the eager module or a 
 from __future__ import annotations
 
 import os
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +50,7 @@ from torch.export import Dim
 from transformers.models.llama import modeling_llama
 
 import _hf_kernels as K
+from _kv_cache import ROLES, kv_cache_write
 
 SIZES = {
     "tiny": dict(hidden_size=256, intermediate_size=688, num_hidden_layers=2,
@@ -75,16 +87,24 @@ class LlamaDecodeStep(torch.nn.Module):
                         setattr(parent, name, K.TritonGatedMLP(child, "silu"))
 
     def cache_shape(self, batch: int) -> tuple[int, ...]:
-        return (self.n_layers, batch, self.n_kv_heads, self.max_len, self.head_dim)
+        """One layer's k (or v) cache: ``[B, kv_heads, max_len, head_dim]``."""
+        return (batch, self.n_kv_heads, self.max_len, self.head_dim)
 
-    def new_caches(self, batch: int, device=None, dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Zeroed (k_cache, v_cache) for ``batch`` sequences, on the model's device and dtype."""
+    def cache_names(self) -> list[str]:
+        """The cache inputs' names, in order: k_cache_0, v_cache_0, k_cache_1, ..."""
+        return [f"{kv}_cache_{i}" for i in range(self.n_layers) for kv in "kv"]
+
+    def new_caches(self, batch: int, device=None, dtype=None) -> tuple[torch.Tensor, ...]:
+        """Zeroed per-layer caches ``(k_cache_0, v_cache_0, k_cache_1, ...)`` for ``batch``
+        sequences, on the model's device and dtype."""
         weight = self.hf.lm_head.weight
-        shape = self.cache_shape(batch)
         kw = dict(device=device or weight.device, dtype=dtype or weight.dtype)
-        return torch.zeros(shape, **kw), torch.zeros(shape, **kw)
+        return tuple(torch.zeros(self.cache_shape(batch), **kw) for _ in range(2 * self.n_layers))
 
-    def forward(self, input_ids, position, k_cache, v_cache):
+    def forward(self, input_ids, position, *caches):
+        if len(caches) != 2 * self.n_layers:
+            raise TypeError(f"expected {2 * self.n_layers} caches (k and v per layer), "
+                            f"got {len(caches)}")
         m = self.hf.model
         batch = input_ids.shape[0]
         x = m.embed_tokens(input_ids)                                   # [B, 1, hidden]
@@ -95,45 +115,52 @@ class LlamaDecodeStep(torch.nn.Module):
         groups = self.n_heads // self.n_kv_heads
         for i, layer in enumerate(m.layers):
             attn = layer.self_attn
+            k_cache, v_cache = caches[2 * i], caches[2 * i + 1]
             h = layer.input_layernorm(x)
             q = attn.q_proj(h).view(batch, 1, self.n_heads, self.head_dim).transpose(1, 2)
             k = attn.k_proj(h).view(batch, 1, self.n_kv_heads, self.head_dim).transpose(1, 2)
             v = attn.v_proj(h).view(batch, 1, self.n_kv_heads, self.head_dim).transpose(1, 2)
             q, k = rope(q, k, cos, sin)
-            k_cache[i][:, :, position] = k.to(k_cache.dtype)              # aten.index_put_
-            v_cache[i][:, :, position] = v.to(v_cache.dtype)
-            keys = modeling_llama.repeat_kv(k_cache[i], groups)
-            values = modeling_llama.repeat_kv(v_cache[i], groups)
+            if self.triton:  # one in-place Triton launch per cache tensor
+                kv_cache_write(k_cache, k, position)
+                kv_cache_write(v_cache, v, position)
+            else:  # the plain reference
+                k_cache.index_copy_(2, position, k.to(k_cache.dtype))
+                v_cache.index_copy_(2, position, v.to(v_cache.dtype))
+            # attention over the whole updated cache of this layer
+            keys = modeling_llama.repeat_kv(k_cache, groups)            # [B, heads, max_len, hd]
+            values = modeling_llama.repeat_kv(v_cache, groups)
             o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
             x = x + attn.o_proj(o.transpose(1, 2).reshape(batch, 1, self.n_heads * self.head_dim))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.hf.lm_head(m.norm(x))[:, -1]
 
 
-StepFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+StepFn = Callable[..., torch.Tensor]  # step_fn(input_ids, position, *caches) -> logits
 
 
 @torch.no_grad()
 def greedy_decode(step_fn: StepFn, prompt_ids: torch.Tensor, n_tokens: int,
-                  caches: tuple[torch.Tensor, torch.Tensor], *,
+                  caches: Sequence[torch.Tensor], *,
                   on_step: Callable[[int, torch.Tensor], None] | None = None) -> torch.Tensor:
-    """Greedy decoding through ``step_fn(input_ids, position, k_cache, v_cache) -> logits``.
+    """Greedy decoding through ``step_fn(input_ids, position, *caches) -> logits``.
 
     The prompt ``[B, P]`` is fed one token per step (positions 0..P-1, filling the caches), then
     ``n_tokens`` tokens are generated, each the argmax of the previous step's logits. Returns the
     generated ids ``[B, n_tokens]``. ``on_step(step, logits)`` sees every step's logits (e.g. to
     compare variants). ``P + n_tokens - 1`` must not exceed the cache length."""
-    k_cache, v_cache = caches
+    caches = tuple(caches)
     batch, prompt_len = prompt_ids.shape
-    if prompt_len < 1 or prompt_len + n_tokens - 1 > k_cache.shape[3]:
+    max_len = caches[0].shape[2]
+    if prompt_len < 1 or prompt_len + n_tokens - 1 > max_len:
         raise ValueError(f"prompt {prompt_len} + {n_tokens} tokens do not fit a cache of "
-                         f"{k_cache.shape[3]} positions")
+                         f"{max_len} positions")
     device = prompt_ids.device
     generated = []
     token = prompt_ids[:, :1]
     for step in range(prompt_len + n_tokens - 1):
         position = torch.tensor([step], dtype=torch.int64, device=device)
-        logits = step_fn(token, position, k_cache, v_cache)
+        logits = step_fn(token, position, *caches)
         if on_step is not None:
             on_step(step, logits)
         if step + 1 < prompt_len:
@@ -146,23 +173,25 @@ def greedy_decode(step_fn: StepFn, prompt_ids: torch.Tensor, n_tokens: int,
 
 def make_inputs(model: LlamaDecodeStep, batch: int = 1, position: int = 3, device: str = "cpu",
                 seed: int = 0):
-    """(input_ids, position, k_cache, v_cache) with random cache contents (a mid-sequence step)."""
+    """(input_ids, position, k_cache_0, v_cache_0, k_cache_1, ...) with random cache contents
+    (a mid-sequence step)."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, model.config.vocab_size, (batch, 1), generator=g)
-    shape = model.cache_shape(batch)
     dtype = model.hf.lm_head.weight.dtype
-    k = torch.randn(shape, generator=g).to(dtype)
-    v = torch.randn(shape, generator=g).to(dtype)
-    return tuple(t.to(device) for t in (ids, torch.tensor([position]), k, v))
+    caches = [torch.randn(model.cache_shape(batch), generator=g).to(dtype)
+              for _ in range(2 * model.n_layers)]
+    return tuple(t.to(device) for t in (ids, torch.tensor([position]), *caches))
 
 
-def dynamic_shapes_for(batch: int):
-    """A dynamic batch dim shared by the ids and both caches (batch >= 2: torch.export
-    specializes an example dim of 1); ``None`` (all static) for batch 1."""
+def dynamic_shapes_for(batch: int, n_layers: int | None = None):
+    """A dynamic batch dim shared by the ids and every cache (batch >= 2: torch.export
+    specializes an example dim of 1); ``None`` (all static) for batch 1. ``n_layers`` defaults
+    to the module-level model's."""
     if batch < 2:
         return None
+    n_layers = model.n_layers if n_layers is None else n_layers
     b = Dim("batch", min=1, max=256)
-    return {"input_ids": {0: b}, "position": None, "k_cache": {1: b}, "v_cache": {1: b}}
+    return {"input_ids": {0: b}, "position": None, "caches": ({0: b},) * (2 * n_layers)}
 
 
 SIZE = os.environ.get("KL_DECODE_SIZE", "tiny")
@@ -171,3 +200,4 @@ BATCH = int(os.environ.get("KL_DECODE_BATCH", "1"))
 model = LlamaDecodeStep(SIZE)
 example_inputs = make_inputs(model, BATCH)
 dynamic_shapes = dynamic_shapes_for(BATCH)
+roles = ROLES  # the cache write's cache_ptr is partially written: inplace (see _kv_cache.py)
