@@ -6,7 +6,11 @@ runner's static buffers, at batch 1 and 8, all in one process.
     python benchmarks/bench_decode.py --json decode_results.json --plot decode_results.png
 
 The model (hidden 4096, 4 layers, 32/8 heads, FFN 11008, vocab 32000, max_len 256; random
-weights from a seeded init) is built on the GPU in ``--dtype`` (fp16 by default). kernel_lens
+weights from a seeded init) is built on the GPU in ``--dtype`` (fp16 by default). Its KV cache is
+one ``[B, kv_heads, max_len, head_dim]`` tensor per layer and k/v (``caches``, the step's trailing
+arguments), each written in place at ``position`` by one Triton launch (``kv_cache_write_kernel``);
+the graph variants (CUDA graph of eager, torch.compile, kernel_lens CUDA graph) own their static
+per-layer caches, which the loop hands back to them. kernel_lens
 compiles it once (target ort, into ``--out-dir``) with a dynamic batch, from a batch-8 example;
 when ``run()`` fails at some batch it is retried on a static compile for that batch
 (``--per-batch-compile``: static compiles only), and ``run(cuda_graph=True)`` uses the compile
@@ -21,8 +25,16 @@ CUDA-event time per token, Python and argmax included (``loop_ms_per_token``). T
 each step's position from the host (``torch.tensor([step], device=...)``), which waits for the
 previous step: every variant is measured as a token-at-a-time decode loop.
 
+The same run then measures the single-block rows (``block_rows`` in the JSON, a second panel in
+the plot): examples/llama_block.py's ``LlamaBlock`` (Triton RMSNorm/RoPE/SwiGLU, causal SDPA) at
+hidden 4096, 32 heads, FFN 11008, batch 1, in ``--dtype``, over ``--block-tokens`` (8 and 2048)
+tokens, with the same five variants (kernel_lens compiles it once with the example's dynamic
+``seq``, 2..2048). Reported: the median CUDA-event time of ``--block-iters`` calls (``ms``; the
+graph variants' copy of the input into their static buffer included) and the max abs/rel
+difference from eager. ``--batches`` or ``--block-tokens`` with no values skips that part.
+
 Every variant runs in its own try/except: a failure is recorded (``error``) and the run goes on.
-TF32 is off everywhere. Writes the JSON after every batch.
+TF32 is off everywhere. Writes the JSON after every row.
 """
 
 from __future__ import annotations
@@ -78,8 +90,9 @@ def environment(args, dtype) -> dict:
 
 
 # ----------------------------------------------------------------------------- step functions
-# Each maker returns (step_fn, caches): step_fn has the step's signature; caches are the
-# (k_cache, v_cache) the loop must hand it (static buffers for the graph variants).
+# Each maker returns (step_fn, caches): step_fn has the step's signature
+# step_fn(input_ids, position, *caches); caches are the per-layer (k_cache_0, v_cache_0, ...)
+# tensors the loop must hand it (static buffers for the graph variants).
 
 
 def make_eager(model, batch, example):
@@ -89,46 +102,46 @@ def make_eager(model, batch, example):
 def make_eager_cuda_graph(model, batch, example):
     ids = example[0].clone()
     position = torch.zeros(1, dtype=torch.int64, device=ids.device)
-    k_cache, v_cache = model.new_caches(batch)
+    caches = model.new_caches(batch)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side), torch.no_grad():  # warm-up off the capture (Triton's JIT)
         for _ in range(3):
-            model(ids, position, k_cache, v_cache)
+            model(ids, position, *caches)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph), torch.no_grad():
-        logits = model(ids, position, k_cache, v_cache)
-    k_cache.zero_()
-    v_cache.zero_()
+        logits = model(ids, position, *caches)
+    _reset(caches)
 
-    def step(new_ids, new_position, k, v):
-        assert k is k_cache and v is v_cache, "the graph reads its own static caches"
+    def step(new_ids, new_position, *given):
+        assert _same(given, caches), "the graph reads its own static caches"
         ids.copy_(new_ids)
         position.copy_(new_position)
         graph.replay()
         return logits
 
-    return step, (k_cache, v_cache)
+    return step, caches
 
 
 def make_torch_compile(model, batch, example):
-    k_cache, v_cache = model.new_caches(batch)
+    caches = model.new_caches(batch)
     # static addresses: cudagraph trees then keep the graph though the caches are mutated
-    torch._dynamo.mark_static_address(k_cache)
-    torch._dynamo.mark_static_address(v_cache)
+    for cache in caches:
+        torch._dynamo.mark_static_address(cache)
     compiled = torch.compile(model, mode="reduce-overhead", dynamic=False)
 
-    def step(ids, position, k, v):
+    def step(ids, position, *given):
         torch.compiler.cudagraph_mark_step_begin()
-        return compiled(ids, position, k, v)
+        return compiled(ids, position, *given)
 
-    return step, (k_cache, v_cache)
+    return step, caches
 
 
 def make_kl_run(compiled):
     def make(model, batch, example):
-        return (lambda ids, position, k, v: compiled.run(ids, position, k, v, cuda_graph=False),
+        return (lambda ids, position, *caches: compiled.run(ids, position, *caches,
+                                                             cuda_graph=False),
                 model.new_caches(batch))
     return make
 
@@ -136,21 +149,21 @@ def make_kl_run(compiled):
 def make_kl_cuda_graph(compiled):
     def make(model, batch, example):
         runner = compiled.runner(cuda_graph=True)
-        k_cache, v_cache = model.new_caches(batch)
-        position = torch.zeros(1, dtype=torch.int64, device=k_cache.device)
-        inputs, outputs = runner.cuda_graph_buffers(example[0], position, k_cache, v_cache)
-        static_ids, static_pos, static_k, static_v = inputs
-        static_k.zero_()
-        static_v.zero_()
+        caches = model.new_caches(batch)
+        position = torch.zeros(1, dtype=torch.int64, device=caches[0].device)
+        inputs, outputs = runner.cuda_graph_buffers(example[0], position, *caches)
+        static_ids, static_pos, *static_caches = inputs
+        static_caches = tuple(static_caches)
+        _reset(static_caches)
 
-        def step(ids, pos, k, v):
-            assert k is static_k and v is static_v, "the graph reads its own static caches"
+        def step(ids, pos, *given):
+            assert _same(given, static_caches), "the graph reads its own static caches"
             static_ids.copy_(ids)
             static_pos.copy_(pos)
             runner.run(*inputs, out=outputs)
             return outputs[0]
 
-        return step, (static_k, static_v)
+        return step, static_caches
     return make
 
 
@@ -160,6 +173,10 @@ def make_kl_cuda_graph(compiled):
 def _reset(caches):
     for c in caches:
         c.zero_()
+
+
+def _same(given, caches) -> bool:
+    return len(given) == len(caches) and all(a is b for a, b in zip(given, caches))
 
 
 def decode_timed(step_fn, prompt, tokens, caches) -> tuple[torch.Tensor, list[float], float]:
@@ -226,35 +243,16 @@ def kl_compile(model, batch, dtype_name, out_dir: Path, dynamic: bool, env: dict
     example = D.make_inputs(model, batch, position=PROMPT_LEN, device="cuda")
     folder = out_dir / (f"dynamic_b{batch}_{dtype_name}" if dynamic else f"static_b{batch}_{dtype_name}")
     t0 = time.perf_counter()
-    compiled = kl.compile(model, example, dynamic_shapes=D.dynamic_shapes_for(batch) if dynamic else None,
-                          targets=["ort"], output_dir=folder)
+    shapes = D.dynamic_shapes_for(batch, model.n_layers) if dynamic else None
+    compiled = kl.compile(model, example, dynamic_shapes=shapes, roles=D.roles, targets=["ort"],
+                          output_dir=folder)
     env.setdefault("kernel_lens_compile_s", {})[folder.name] = round(time.perf_counter() - t0, 1)
     print(f"kernel_lens compile {folder.name}: {env['kernel_lens_compile_s'][folder.name]} s", flush=True)
     return compiled
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--json", default="decode_results.json")
-    parser.add_argument("--plot", default=None)
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp16")
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--out-dir", default="kl_decode_bench", help="kernel_lens artifacts")
-    parser.add_argument("--per-batch-compile", action="store_true",
-                        help="compile kernel_lens per batch (static shapes)")
-    parser.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
-    args = parser.parse_args()
-
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    dtype = DTYPES[args.dtype]
-    env = environment(args, dtype)
-    result = {"env": env, "rows": [], "errors": {}}
-
-    def save():
-        Path(args.json).write_text(json.dumps(result, indent=1))
-
+def run_decode(args, dtype, env: dict, result: dict, save: Callable[[], None]) -> None:
+    """The decode table: every variant at every batch, rows appended to ``result["rows"]``."""
     with torch.device("cuda"):  # the random init runs on the GPU
         model = D.LlamaDecodeStep("bench", seed=0)
     model = model.to(dtype).eval()
@@ -333,6 +331,190 @@ def main() -> None:
         del reference
         torch.cuda.empty_cache()
 
+
+# ----------------------------------------------------------------------------- single block
+# examples/llama_block.py's LlamaBlock (Triton RMSNorm/RoPE/SwiGLU, causal SDPA) at the issue's
+# size, batch 1, one forward over ``tokens`` positions. Each maker returns fn(x) -> out.
+
+BLOCK_CONFIG = dict(hidden=4096, n_heads=32, intermediate=11008)
+
+
+def block_eager(block, x, compiled):
+    return block
+
+
+def block_eager_cuda_graph(block, x, compiled):
+    static_x = x.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.no_grad():  # warm-up off the capture (Triton's JIT)
+        for _ in range(3):
+            block(static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.no_grad():
+        out = block(static_x)
+
+    def fn(new_x):
+        static_x.copy_(new_x)
+        graph.replay()
+        return out
+
+    return fn
+
+
+def block_torch_compile(block, x, compiled):
+    fn = torch.compile(block, mode="reduce-overhead", dynamic=False)
+
+    def step(new_x):
+        torch.compiler.cudagraph_mark_step_begin()
+        return fn(new_x)
+
+    return step
+
+
+def block_kl_run(block, x, compiled):
+    return lambda new_x: compiled.run(new_x, cuda_graph=False)
+
+
+def block_kl_cuda_graph(block, x, compiled):
+    runner = compiled.runner(cuda_graph=True)
+    inputs, outputs = runner.cuda_graph_buffers(x)
+
+    def fn(new_x):
+        inputs[0].copy_(new_x)
+        runner.run(*inputs, out=outputs)
+        return outputs[0]
+
+    return fn
+
+
+BLOCK_MAKERS = {"eager": block_eager, "eager_cuda_graph": block_eager_cuda_graph,
+                "torch_compile_reduce_overhead": block_torch_compile,
+                "kernel_lens_run": block_kl_run, "kernel_lens_run_cuda_graph": block_kl_cuda_graph}
+
+
+def time_calls(fn, x, iters: int) -> list[float]:
+    """CUDA-event time of each of ``iters`` calls (input copy into static buffers included)."""
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(x)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
+
+
+def run_block(args, dtype, env: dict, result: dict, save: Callable[[], None]) -> None:
+    """The single-block rows: every variant at every token count, into ``result["block_rows"]``;
+    kernel_lens compiles once with the example's dynamic ``seq`` (2..2048)."""
+    import llama_block as LB
+
+    env["block"] = dict(BLOCK_CONFIG, tokens=args.block_tokens, iters=args.block_iters, batch=1)
+    with torch.no_grad():
+        block = LB.LlamaBlock(**BLOCK_CONFIG, seed=0)
+        block = block.to("cuda", dtype).eval()
+        block.inv_freq = block.inv_freq.float()  # the RoPE angles stay fp32
+    result.setdefault("block_rows", [])
+    compiled, compile_error = None, None
+    if any(v.startswith("kernel_lens") for v in args.variants):
+        try:
+            g = torch.Generator().manual_seed(7)
+            example = (torch.randn(1, min(args.block_tokens), BLOCK_CONFIG["hidden"], generator=g)
+                       .to("cuda", dtype),)
+            t0 = time.perf_counter()
+            compiled = kl.compile(block, example, dynamic_shapes=LB.dynamic_shapes, targets=["ort"],
+                                  output_dir=Path(args.out_dir) / f"block_dynamic_seq_{args.dtype}")
+            env.setdefault("kernel_lens_compile_s", {})["block"] = round(time.perf_counter() - t0, 1)
+        except Exception as exc:  # noqa: BLE001 - the other variants still run
+            traceback.print_exc()
+            compile_error = f"{type(exc).__name__}: {exc}"[:2000]
+            result["errors"]["kernel_lens_compile_block"] = compile_error
+            save()
+    for tokens in args.block_tokens:
+        g = torch.Generator().manual_seed(tokens)
+        x = torch.randn(1, tokens, BLOCK_CONFIG["hidden"], generator=g).to("cuda", dtype)
+        with torch.no_grad():
+            want = block(x).float()
+        for name in ["eager"] + [v for v in args.variants if v != "eager"]:
+            row = {"model": "llama_block", "tokens": tokens, "variant": name}
+            try:
+                if name.startswith("kernel_lens") and compiled is None:
+                    raise RuntimeError(f"no kernel_lens compile: {compile_error}")
+                t0 = time.perf_counter()
+                with torch.no_grad():
+                    fn = BLOCK_MAKERS[name](block, x, compiled)
+                    for _ in range(5):  # warm-up (compiles, captures graphs)
+                        fn(x)
+                    torch.cuda.synchronize()
+                    row["setup_s"] = round(time.perf_counter() - t0, 1)
+                    got = fn(x).float()
+                    diff = (got - want).abs()
+                    row.update(max_abs_diff=float(diff.max()),
+                               max_rel_diff=float(diff.max() / want.abs().max()))
+                    times = time_calls(fn, x, args.block_iters)
+                row.update(ms=round(statistics.median(times), 4),
+                           ms_p90=round(sorted(times)[int(0.9 * (len(times) - 1))], 4),
+                           tokens_per_s=round(tokens * 1000.0 / statistics.median(times), 1))
+            except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
+                traceback.print_exc()
+                row["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+            finally:
+                torch.cuda.synchronize()
+            eager = next((r for r in result["block_rows"] if r["tokens"] == tokens
+                          and r["variant"] == "eager" and "ms" in r), None)
+            if "ms" in row and eager and name != "eager":
+                row["speedup_vs_eager"] = round(eager["ms"] / row["ms"], 3)
+            print(json.dumps(row), flush=True)
+            result["block_rows"].append(row)
+            save()
+        torch.cuda.empty_cache()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", default="decode_results.json")
+    parser.add_argument("--plot", default=None)
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp16")
+    parser.add_argument("--batches", type=int, nargs="*", default=[1, 8],
+                        help="decode batches (none: no decode table)")
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--out-dir", default="kl_decode_bench", help="kernel_lens artifacts")
+    parser.add_argument("--per-batch-compile", action="store_true",
+                        help="compile kernel_lens per batch (static shapes)")
+    parser.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
+    parser.add_argument("--block-tokens", type=int, nargs="*", default=[8, 2048],
+                        help="token counts of the single-block rows (none: no block rows)")
+    parser.add_argument("--block-iters", type=int, default=50, help="timed calls per block row")
+    args = parser.parse_args()
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dtype = DTYPES[args.dtype]
+    env = environment(args, dtype)
+    result = {"env": env, "rows": [], "errors": {}}
+
+    def save():
+        Path(args.json).write_text(json.dumps(result, indent=1))
+
+    if args.batches:
+        try:
+            run_decode(args, dtype, env, result, save)
+        except Exception as exc:  # noqa: BLE001 - the block rows still run
+            traceback.print_exc()
+            result["errors"]["decode"] = f"{type(exc).__name__}: {exc}"[:2000]
+            save()
+        torch.cuda.empty_cache()
+    if args.block_tokens:
+        try:
+            run_block(args, dtype, env, result, save)
+        except Exception as exc:  # noqa: BLE001
+            traceback.print_exc()
+            result["errors"]["block"] = f"{type(exc).__name__}: {exc}"[:2000]
+            save()
+
     save()
     if args.plot:
         try:
@@ -343,34 +525,51 @@ def main() -> None:
     print(json.dumps(result, indent=1))
 
 
+def _bars(ax, rows, groups, key, label, value_key):
+    """Grouped bars: one group per variant, one bar per ``key`` value (batch or tokens)."""
+    variants = [v for v in VARIANTS if any(r["variant"] == v for r in rows)]
+    width = 0.8 / max(len(groups), 1)
+    for j, group in enumerate(groups):
+        values = []
+        for v in variants:
+            row = next((r for r in rows if r[key] == group and r["variant"] == v), {})
+            values.append(row.get(value_key) or 0.0)
+        xs = [i + (j - (len(groups) - 1) / 2) * width for i in range(len(variants))]
+        ax.bar(xs, values, width, label=label(group))
+        for x, value in zip(xs, values):
+            ax.text(x, value, f"{value:.2f}" if value else "failed", ha="center", va="bottom",
+                    fontsize=7)
+    ax.set_xticks(range(len(variants)))
+    ax.set_xticklabels([v.replace("_", "\n") for v in variants], fontsize=8)
+    ax.legend(fontsize=8)
+
+
 def plot(result: dict, path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = result["rows"]
-    batches = sorted({r["batch"] for r in rows})
-    variants = [v for v in VARIANTS if any(r["variant"] == v for r in rows)]
-    width = 0.8 / max(len(batches), 1)
-    fig, ax = plt.subplots(figsize=(10, 4.5))
-    for j, batch in enumerate(batches):
-        values = []
-        for v in variants:
-            row = next((r for r in rows if r["batch"] == batch and r["variant"] == v), {})
-            values.append(row.get("ms_per_token") or 0.0)
-        xs = [i + (j - (len(batches) - 1) / 2) * width for i in range(len(variants))]
-        ax.bar(xs, values, width, label=f"batch {batch}")
-        for x, value, v in zip(xs, values, variants):
-            ax.text(x, value, f"{value:.2f}" if value else "failed", ha="center", va="bottom",
-                    fontsize=7)
-    ax.set_xticks(range(len(variants)))
-    ax.set_xticklabels([v.replace("_", "\n") for v in variants], fontsize=8)
-    ax.set_ylabel("ms per token (median)")
     env = result["env"]
-    ax.set_title(f"LLaMA decode step, static KV cache ({env['dtype']}, hidden 4096, 4 layers, "
-                 f"{env['tokens']} greedy tokens) on {env['gpu']}", fontsize=9)
-    ax.legend()
+    rows, block_rows = result.get("rows", []), result.get("block_rows", [])
+    panels = [p for p in ("decode", "block") if {"decode": rows, "block": block_rows}[p]]
+    if not panels:
+        return
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 4.5 * len(panels)), squeeze=False)
+    for ax, panel in zip(axes[:, 0], panels):
+        if panel == "decode":
+            _bars(ax, rows, sorted({r["batch"] for r in rows}), "batch", lambda b: f"batch {b}",
+                  "ms_per_token")
+            ax.set_ylabel("ms per token (median)")
+            ax.set_title(f"LLaMA decode step, static KV cache ({env['dtype']}, hidden 4096, "
+                         f"4 layers, {env['tokens']} greedy tokens) on {env['gpu']}", fontsize=9)
+        else:
+            tokens = sorted({r["tokens"] for r in block_rows})
+            _bars(ax, block_rows, tokens, "tokens", lambda t: f"{t} tokens", "ms")
+            ax.set_yscale("log")
+            ax.set_ylabel("ms per forward (median, log)")
+            ax.set_title(f"One LLaMA block (examples/llama_block.py, {env['dtype']}, hidden 4096, "
+                         f"FFN 11008, batch 1) on {env['gpu']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
