@@ -30,7 +30,7 @@ _MAY_FORWARD_INPUT = frozenset({"clone", "contiguous", "alias", "detach", "lift_
 @lru_cache(maxsize=None)
 def overload(name: str) -> Any:
     """``'aten.add.Tensor'`` -> ``torch.ops.aten.add.Tensor`` (None when torch has no such op)."""
-    import torch
+    import torch  # lazy: passes and codegen import this module without torch
 
     parts = name.split(".")
     if len(parts) != 3:

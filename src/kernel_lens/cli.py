@@ -8,8 +8,14 @@ import logging
 import sys
 import traceback
 
+from . import _gc
+from .archs import parse_arch
+from .errors import ArchError, InputError, KernelLensError, OutputPathError
+from .fileio import check_folder
+from .model_file import load_model_file
+from .serving.backends import BACKENDS as TRITON_BACKENDS
+from .toolchain import fetch_headers
 from .version import __version__
-from .errors import InputError, KernelLensError, OutputPathError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -20,9 +26,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _arch(text: str) -> int:
-    from .archs import parse_arch
-    from .errors import ArchError
-
     try:
         return parse_arch(text)
     except ArchError as exc:
@@ -152,15 +155,12 @@ def _parser() -> argparse.ArgumentParser:
     comp.add_argument("--dump-after", metavar="PASS", action="append", default=[],
                       help="also write the IR after this pass into the output directory")
 
-    from .toolchain.fetch_headers import add_arguments as _fetch_headers_args  # standard library only
-    from .serving.backends import BACKENDS as TRITON_BACKENDS  # light: no onnx, no torch
-
     fetch = sub.add_parser(
         "fetch-headers", help="download the ONNX Runtime / TensorRT headers plugins build against",
         description="Download the ONNX Runtime and TensorRT C/C++ headers from the npm registry / "
                     "PyPI (pinned versions, checked against pinned sha256 digests) into the cache "
                     "kernel_lens looks in. Neither --ort nor --trt: both.")
-    _fetch_headers_args(fetch)
+    fetch_headers.add_arguments(fetch)
     sub.add_parser("doctor", help="report the environment (versions, GPUs, compilers, headers) "
                                   "for a bug report; exit status 0 when the ort target can be built")
 
@@ -192,8 +192,7 @@ def _options(args: argparse.Namespace) -> dict:
 
 
 def _compile(args: argparse.Namespace, **kwargs):
-    from .compiler import compile
-    from .model_file import load_model_file
+    from .compiler import compile  # lazy: torch and triton (seconds to import) stay out of --version/--help
 
     mf = load_model_file(args.file)
     autotune, source = _autotune(args, mf)
@@ -218,7 +217,7 @@ def _shapes(args: argparse.Namespace, mf) -> dict:
 
 def _report_dims(args: argparse.Namespace, ir) -> None:
     if args.dynamic:
-        from .frontends.lift import describe_dims
+        from .frontends.lift import describe_dims  # lazy: torch and triton
 
         print("dynamic dims (--dynamic):\n  " + describe_dims(ir).replace("\n", "\n  "),
               file=sys.stderr)
@@ -226,15 +225,15 @@ def _report_dims(args: argparse.Namespace, ir) -> None:
 
 def cmd_dump_ir(args: argparse.Namespace) -> int:
     if args.schema:
-        from .ir import json_schema
+        from .ir import json_schema  # lazy: pydantic, sympy (~0.5 s)
         print(json.dumps(json_schema(), indent=1))
         return 0
     if not args.file:
         raise KernelLensError("dump-ir needs a model file (or --schema)")
     _parse_json_options(args)
     if args.after == "none":
+        # lazy: torch and triton (compiler), pydantic and sympy (summary)
         from .compiler import lift
-        from .model_file import load_model_file
         from .summary import summarize
 
         mf = load_model_file(args.file)
@@ -251,7 +250,7 @@ def cmd_dump_ir(args: argparse.Namespace) -> int:
 
 
 def cmd_passes(args: argparse.Namespace) -> int:
-    from .passes import default_pipeline
+    from .passes import default_pipeline  # lazy: the IR (pydantic, sympy: ~0.5 s)
 
     for i, p in enumerate(default_pipeline().order(), 1):
         req = ", ".join(sorted(p.requires)) or "-"
@@ -261,7 +260,7 @@ def cmd_passes(args: argparse.Namespace) -> int:
 
 
 def cmd_targets(args: argparse.Namespace) -> int:
-    from .targets.base import available_targets, get_target
+    from .targets.base import available_targets, get_target  # lazy: the IR (pydantic, sympy)
 
     for name, origin in available_targets().items():
         target = get_target(name)
@@ -271,10 +270,9 @@ def cmd_targets(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    # lazy: the IR (pydantic, sympy) stays out of --version/--help
     from .passes import dump_to_dir
     from .targets.base import get_target
-
-    from .fileio import check_folder
 
     _parse_json_options(args)
     _check_output("-o/--output", args.output)
@@ -299,13 +297,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch_headers(args: argparse.Namespace) -> int:
-    from .toolchain.fetch_headers import run
-
-    return run(args, prog="kernel_lens", error_status=2, log_prefix="kernel_lens fetch-headers")
+    return fetch_headers.run(args, prog="kernel_lens", error_status=2, log_prefix="kernel_lens fetch-headers")
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from .doctor import report
+    from .doctor import report  # lazy: ctypes, platform, the toolchain probes: doctor only
 
     text, status = report()
     print(text)
@@ -313,7 +309,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_export_triton(args: argparse.Namespace) -> int:
-    from .serving import export_triton
+    from .serving import export_triton  # lazy: onnx, pydantic, jinja2 (~1 s)
 
     _check_output("-o/--output", args.output)
     result = export_triton(args.directory, args.output, name=args.name, backend=args.backend,
@@ -327,8 +323,6 @@ def cmd_export_triton(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import _gc
-
     _gc.FREEZE = True  # our own process: long-lived imports skip later GC passes (see _gc)
     parser = _parser()
     args = parser.parse_args(argv)

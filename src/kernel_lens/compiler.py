@@ -3,23 +3,28 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import logging
 import os
 import reprlib
+import shutil
 import stat
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .errors import ArtifactError, InputError, IRError, KernelLensError, OutputPathError
-from .fileio import atomic_copy, atomic_write, check_folder, ensure_folder, inside
+from .errors import ArtifactError, CacheError, InputError, IRError, KernelLensError, OutputPathError
+from .fileio import atomic_copy, atomic_write, check_folder, ensure_folder, inside, umask
 from .frontends.aot import compile_binary
 from .frontends.lift import lift_with_outputs
 from .ir import GraphIR
 from .onnx.lower import supported
 from .passes import PassContext, PassManager, PassTiming, default_pipeline
 from .summary import summarize
+from .targets.base import available_targets, get_target
+from .toolchain import cache
 from .version import __version__
 
 log = logging.getLogger(__name__)
@@ -57,8 +62,6 @@ class CompiledModel:
 
         File names come from the IR's name, a validated identifier; every path is checked to lie
         inside ``directory`` and written atomically (links at those names are replaced)."""
-        from .targets.base import get_target
-
         directory = ensure_folder(directory)
         stem = self.ir.name
         ir_path = self.ir.save(inside(directory, f"{stem}.ir.json")).absolute()
@@ -96,8 +99,6 @@ class CompiledModel:
             raise InputError(f"cuda_graph={reprlib.repr(graph)}: pass True, False, 'torch' or 'ort'")
         asked = (backend, graph)
         if asked not in self._runners:  # resolve the name once: run() calls this on every call
-            from .targets.base import get_target
-
             backend = self._backend(backend)
             key = (backend, graph)
             if key not in self._runners:
@@ -125,8 +126,6 @@ class CompiledModel:
     def _backend(self, backend: str | None) -> str:
         """The built target ``backend`` names (a target, an alias such as "tensorrt", or None:
         the only target built)."""
-        from .targets.base import available_targets, get_target
-
         built = self.backends()
         if backend is None:
             if len(built) != 1:
@@ -291,8 +290,6 @@ def load(directory: str | Path, *, cuda_graph: bool = False) -> CompiledModel:
 def artifact_cache_dir() -> Path:
     """Where compile() without output_dir keeps artifacts: <build cache>/artifacts (the location
     lives in :mod:`kernel_lens.toolchain.cache`, with every cache's)."""
-    from .toolchain import cache
-
     return cache.artifacts_dir()
 
 
@@ -303,15 +300,6 @@ def _compile_into_cache(compiled: CompiledModel, targets: list[str]) -> Compiled
     folders must be real, the user's own and writable by no one else (else CacheError); the
     entry's folders and files must be too, and its files exactly those recorded with their
     sha256 when it was written, else it is removed and written again (a warning says why)."""
-    import hashlib
-    import os
-    import shutil
-    import tempfile
-
-    from .errors import CacheError
-    from .fileio import umask
-    from .toolchain import cache
-
     key = hashlib.sha256(json.dumps({"ir": compiled.ir.to_json(indent=None), "targets": sorted(targets),
                                      "kernel_lens": __version__}, sort_keys=True).encode()).hexdigest()
     root = cache.cache_folder(cache.ARTIFACTS)
@@ -398,8 +386,6 @@ def compile(model: Callable, example_inputs: Iterable[Any], *, dynamic_shapes: A
 
 def _target_stage(stop_after: str | None, targets: list[str], pm: PassManager) -> str | None:
     """``stop_after`` when it names a stage of a requested target (not a pass), else None."""
-    from .targets.base import get_target
-
     if stop_after is None or not targets:
         return None
     stages = {stage for name in targets for stage in get_target(name).stages}

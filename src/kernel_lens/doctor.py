@@ -31,6 +31,12 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from .toolchain import headers as toolchain_headers
+from .toolchain.build import build_cache_dir
+from .toolchain.compilers import find_cxx, find_nvcc
+from .toolchain.ptx_isa import find_ptxas
+from .version import __version__
+
 #: Section headings, in order; each is printed as ``<name>:`` on a line of its own.
 SECTIONS = ("kernel_lens", "python", "torch", "triton", "onnxruntime", "tensorrt", "cuda driver",
             "gpus", "cuda toolkit", "c++ compiler", "headers", "build cache", "environment",
@@ -101,10 +107,7 @@ def _release_line(lines: list[str]) -> str:
 # --- probes ---
 
 def _kernel_lens() -> Lines:
-    from . import version
-
-    return [("version", version.__version__),
-            ("location", str(Path(version.__file__).resolve().parent))]
+    return [("version", __version__), ("location", str(Path(__file__).resolve().parent))]
 
 
 def _python() -> Lines:
@@ -133,7 +136,7 @@ class _State:
 def _torch(st: _State) -> Lines:
     if not _installed("torch"):
         return [("torch", "not installed")]
-    import torch
+    import torch  # lazy: torch takes seconds, and only when installed
 
     st.torch = torch
     cuda = torch.version.cuda
@@ -190,7 +193,7 @@ def _ort_cuda_ep() -> str:
 def _onnxruntime() -> Lines:
     if not _installed("onnxruntime"):
         return [("onnxruntime", "not installed")]
-    import onnxruntime as ort
+    import onnxruntime as ort  # lazy: optional (the [ort] extra), only when installed
 
     dists = [d for d in ("onnxruntime-gpu", "onnxruntime") if _dist_version(d)]
     providers = ort.get_available_providers()
@@ -272,9 +275,6 @@ def _gpus(st: _State) -> Lines:
 
 
 def _cuda_toolkit() -> Lines:
-    from .toolchain.compilers import find_nvcc
-    from .toolchain.ptx_isa import find_ptxas
-
     out: Lines = []
     try:
         nvcc = find_nvcc()
@@ -292,8 +292,6 @@ def _cuda_toolkit() -> Lines:
 
 
 def _cxx(st: _State) -> Lines:
-    from .toolchain.compilers import find_cxx
-
     try:
         st.cxx = find_cxx()
     except KeyboardInterrupt:
@@ -305,7 +303,7 @@ def _cxx(st: _State) -> Lines:
 
 
 def _headers(st: _State) -> Lines:
-    from .toolchain import headers as h
+    h = toolchain_headers
 
     out: Lines = [("cache", f"{h.headers_cache_dir()} (filled by `{h.FETCH_HINT}`)")]
     try:
@@ -359,8 +357,6 @@ def _size(nbytes: int) -> str:
 
 
 def _build_cache() -> Lines:
-    from .toolchain.build import build_cache_dir
-
     root = build_cache_dir()
     if not root.exists():
         return [("folder", f"{root} (not created yet)")]
@@ -392,7 +388,7 @@ def _first_clause(text: str) -> str:
 
 def _available_targets() -> dict[str, str]:
     try:
-        from .targets.base import available_targets
+        from .targets.base import available_targets  # lazy: the IR (pydantic, sympy); a failure falls back
 
         return available_targets()
     except Exception:  # noqa: BLE001 - fall back to the entry points alone

@@ -49,7 +49,7 @@ def _torch_function(name: str) -> type | None:
     if "torch.utils._sympy.functions" not in sys.modules:
         return None
     try:
-        from torch.utils._sympy import functions
+        from torch.utils._sympy import functions  # lazy: codegen never imports torch; reached only once it is loaded
     except ImportError:  # pragma: no cover - depends on the environment
         return None
     cls = getattr(functions, name, None)

@@ -33,6 +33,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import triton
+from triton._C.libtriton import get_cache_invalidating_env_vars
 from triton.compiler import ASTSource
 
 from ..errors import CompilationError
@@ -170,8 +171,6 @@ def _write_entry(key: str, compiled) -> None:
 
 def _compile(kernel: KernelIR, src: ASTSource, arch: int, options: dict):
     """Triton's compiled kernel (or our cache's copy of it): ``.metadata`` and ``.asm``."""
-    from triton._C.libtriton import get_cache_invalidating_env_vars
-
     def fresh():
         try:
             return triton.compile(src, target=tc.target_for(arch), options=options)

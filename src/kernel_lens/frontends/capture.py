@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
+from triton.compiler.compiler import CompiledKernel
+from triton.runtime import interpreter
+from triton.runtime.interpreter import InterpretedFunction, InterpreterError
 
 from ..errors import CaptureError, KernelLensError, UnsupportedKernelError
 from . import launchers, tensor_likes
@@ -140,7 +143,6 @@ _ORIG_PATCH_LANG: Any = None
 
 
 def _interpreted_fn(jit_fn: Any) -> Any:
-    from triton.runtime.interpreter import InterpretedFunction
     fn = _interpreted.get(id(jit_fn))
     if fn is None:
         fn = _interpreted[id(jit_fn)] = InterpretedFunction(jit_fn.fn)
@@ -153,8 +155,6 @@ def _call_helper_interpreted(self: Any, *args: Any, **kwargs: Any) -> Any:
     (InterpretedFunction.__call__ patches triton.language without restoring it, which breaks
     later real compilations; here the patch is scoped to the call.)
     """
-    from triton.runtime import interpreter
-
     fn = _interpreted_fn(self)
     scope = interpreter._patch_lang(self.fn)
     try:
@@ -201,8 +201,6 @@ def _patch_lang_libdevice(fn: Any) -> Any:
     """Triton's ``_patch_lang`` plus libdevice, mapped as Triton's code generator maps it for a
     CUDA target: the CUDA wrappers get the interpreter's semantic, and the backend-neutral stubs
     (module attributes, and names a kernel imported from either module) resolve to them."""
-    from triton.runtime import interpreter
-
     stub, cuda = tc.libdevice_modules()
     outermost = not _LibdeviceScope.active  # helpers run inside their kernel's scope
     scope = _LibdeviceScope(_ORIG_PATCH_LANG(fn))
@@ -230,8 +228,6 @@ def _patch_lang_libdevice(fn: Any) -> Any:
 def _extern_elementwise(self: Any, lib_name: str, lib_path: str, symbol: str, args: list,
                         ret_type: Any, is_pure: bool) -> Any:
     """``InterpreterBuilder.create_extern_elementwise``: a libdevice call evaluated on the CPU."""
-    from triton.runtime import interpreter
-
     name = tc.libdevice_symbols().get(symbol)
     if name is None:
         raise UnsupportedKernelError(f"extern function {symbol!r} (library {lib_name!r}) is not "
@@ -276,8 +272,6 @@ def _typed_scalar(kernel: str, name: str, ty: str, value: Any) -> Any:
 
 
 def _interpreter_failure(kernel: str, exc: BaseException) -> KernelLensError:
-    from triton.runtime.interpreter import InterpreterError
-
     cause = exc.__cause__ if isinstance(exc, InterpreterError) and exc.__cause__ is not None else exc
     if isinstance(cause, KernelLensError):  # raised by our own patches (libdevice): name the kernel
         return type(cause)(f"kernel {kernel}: {cause}")
@@ -295,8 +289,6 @@ def interpret_launch(jit_fn: Any, args: tuple, kwargs: dict, grid: tuple,
     bools as i1, ints as i32/i64/u64, Python floats as fp32, annotated parameters as annotated.
     A failure inside the interpreter raises :class:`CaptureError` naming the kernel.
     """
-    from triton.runtime import interpreter
-
     global _ORIG_PATCH_LANG_TENSOR, _ORIG_PATCH_LANG
     if _ORIG_PATCH_LANG_TENSOR is None:
         _ORIG_PATCH_LANG_TENSOR = interpreter._patch_lang_tensor
@@ -572,8 +564,6 @@ def patched_handles(ours: Callable[[], bool], handle_run: Callable) -> Iterator[
     """Launches through warmed-up handles (``compiled[grid](...)``, ``compiled.run(...)``) go to
     ``handle_run(handle, grid_0, grid_1, grid_2, stream, ...launcher args..., *args)`` while
     ``ours()``; Triton's own launches (inside JITFunction.run) stay untouched."""
-    from triton.compiler.compiler import CompiledKernel
-
     launcher = CompiledKernel.__dict__["run"]
 
     def compiled_run(kernel: Any) -> Callable:

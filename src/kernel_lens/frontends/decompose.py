@@ -21,6 +21,10 @@ from functools import lru_cache
 from typing import Any, Callable
 
 import torch
+from torch._decomp import core_aten_decompositions
+from torch._guards import detect_fake_mode
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .. import aten_facts
 
@@ -49,8 +53,6 @@ def _decomposition(target: Any) -> Any:
 
 @lru_cache(maxsize=1)
 def _table() -> Any:
-    from torch._decomp import core_aten_decompositions
-
     return core_aten_decompositions()
 
 
@@ -58,10 +60,6 @@ def decompose(node: torch.fx.Node) -> torch.fx.GraphModule | None:
     """``node``'s op re-traced through its decomposition on the node's own fake tensors: a graph
     whose placeholders are the node's tensor arguments (in :func:`tensor_args` order). None when
     the decomposition cannot be traced (the lowering then reports the op)."""
-    from torch._guards import detect_fake_mode
-    from torch.fx.experimental.proxy_tensor import make_fx
-    from torch.utils._pytree import tree_flatten, tree_unflatten
-
     fn = _decomposition(node.target)
     flat, spec = tree_flatten((node.args, node.kwargs))
     positions = [i for i, a in enumerate(flat)
@@ -88,8 +86,6 @@ def decompose(node: torch.fx.Node) -> torch.fx.GraphModule | None:
 
 def tensor_args(node: torch.fx.Node) -> list[torch.fx.Node]:
     """The node's tensor arguments, in the order :func:`decompose`'s placeholders take them."""
-    from torch.utils._pytree import tree_flatten
-
     flat, _ = tree_flatten((node.args, node.kwargs))
     return [a for a in flat
             if isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)]

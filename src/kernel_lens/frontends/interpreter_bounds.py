@@ -44,6 +44,9 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
+import torch
+from triton.runtime import interpreter
+from triton.runtime.interpreter import InterpreterBuilder
 
 from ..errors import CaptureError
 from .patching import patched as _patched
@@ -74,8 +77,6 @@ class MemoryRange:
 def tensor_ranges(params: Mapping[str, Any]) -> list[MemoryRange]:
     """The storage byte range of every tensor among a launch's bound parameters (tensors in
     tuples/lists and the ``base`` of tensor descriptors included)."""
-    import torch
-
     ranges: list[MemoryRange] = []
 
     def visit(name: str, value: Any) -> None:
@@ -200,8 +201,6 @@ def _itemsize(ptrs: Any) -> int:
 
 
 def _program() -> str:
-    from triton.runtime import interpreter
-
     idx = getattr(interpreter.interpreter_builder, "grid_idx", None)
     return f" in program {tuple(int(i) for i in idx)}" if idx is not None else ""
 
@@ -266,8 +265,6 @@ def checked_memory(ranges: Iterable[MemoryRange], kernel: str | None = None) -> 
     ``front_end_debugging`` knob skips its InterpreterError wrapping, which capture's
     ``_interpreter_failure`` prefixes with the kernel name) gets ``kernel``'s name prefixed.
     """
-    from triton.runtime.interpreter import InterpreterBuilder
-
     _active.append(_Checker(ranges))
     try:
         with contextlib.ExitStack() as stack:

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
+from torch._library.custom_ops import OPDEFS
+from torch._library.triton import set_wrap_triton_enabled
 from torch.overrides import TorchFunctionMode
 
 from ..errors import TraceError, UnsupportedKernelError
@@ -192,8 +194,6 @@ class _CustomOps(TorchFunctionMode):
 
 
 def _custom_op_body(func: Any) -> Callable | None:
-    from torch._library.custom_ops import OPDEFS
-
     if not isinstance(func, torch._ops.OpOverload):
         return None
     opdef = OPDEFS.get(func._schema.name)
@@ -204,8 +204,6 @@ def _custom_op_body(func: Any) -> Callable | None:
 
 
 def _wrap_triton_off() -> Any:
-    from torch._library.triton import set_wrap_triton_enabled
-
     return set_wrap_triton_enabled(False)
 
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import inspect
+import itertools
 import keyword
 import logging
 import math
 import operator
+import re
 from typing import Any, Callable
 
 import sympy
@@ -178,9 +182,6 @@ def apply_role_overrides(kernels: dict[str, KernelIR], roles: dict[str, dict[str
 def guard_variants(captured: list[CapturedLaunch], traced: list[TracedLaunch]):
     """For launches whose constexprs are booleans of dynamic dims (heuristics), one captured
     launch per combination of those booleans, so a binary exists for every input size."""
-    import dataclasses
-    import itertools
-
     out, owners = [], []
     for index, (cap, tr) in enumerate(zip(captured, traced)):
         names = sorted(tr.guards)
@@ -519,9 +520,6 @@ def describe_dims(ir: GraphIR) -> str:
 def _make_static(model: Callable, shapes: tuple, dims: list[tuple[str, int]]) -> bool:
     """Mark ``dims`` ((forward argument name or ``args[i]``, dim)) static in ``shapes``;
     False when none of them could be (so tracing again would fail the same way)."""
-    import inspect
-    import re
-
     forward = model.forward if isinstance(model, torch.nn.Module) else model
     try:
         names = list(inspect.signature(forward).parameters)

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import importlib
 import inspect
 import textwrap
 import types
 from typing import Any
+
+import triton.language as tl
+from triton.runtime.jit import JITFunction
 
 from ..errors import KernelSourceError
 from ..ir import SourceInfo
@@ -22,8 +26,6 @@ _registry: dict[tuple[str, str, str, int], Any] = {}
 
 
 def _jit_types() -> tuple[type, ...]:
-    from triton.runtime.jit import JITFunction
-
     return (JITFunction,)
 
 
@@ -48,8 +50,6 @@ def source_text(jit_fn: Any, kernel: str) -> tuple[str, str, int]:
 
 
 def _resolve(value: Any) -> str | None:
-    import triton.language as tl
-
     if isinstance(value, types.ModuleType):
         if value.__name__.startswith("triton.language"):
             return value.__name__
@@ -136,8 +136,6 @@ def resolve_jit(source: SourceInfo) -> Any:
     fn = _registry.get(_identity(source))
     if fn is not None:
         return fn
-    import importlib
-
     module_name, _, attr = source.qualname.rpartition(".")
     try:
         module = importlib.import_module(module_name)

@@ -23,6 +23,7 @@ import contextlib
 from typing import Any, Iterator
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ..errors import UnsupportedKernelError
 
@@ -126,8 +127,6 @@ class Tokens:
 
     @contextlib.contextmanager
     def active(self) -> Iterator["Tokens"]:
-        from torch._subclasses.fake_tensor import FakeTensor
-
         tokens = self
 
         def data_ptr(self: Any) -> int:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import logging
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, List
 
+import sympy
 import torch
 
 from .._gc import paused_then_frozen
@@ -344,10 +346,6 @@ _EXHAUSTIVE = 1 << 14  # sizes checked one by one when a range is at most this w
 def _check_deferred_asserts(program: torch.export.ExportedProgram, original: BaseException) -> None:
     """Every runtime assert torch deferred must hold over the declared ranges (kernel_lens drops
     asserts from the graph, so one that could fail would make the compiled model silently wrong)."""
-    import itertools
-
-    import sympy
-
     ranges = {str(k): v for k, v in program.range_constraints.items()}
 
     def points(sym: sympy.Symbol, many: bool) -> list[int]:

@@ -6,15 +6,25 @@ of its rules) keeps our binaries identical to what Triton's JIT would launch.
 
 from __future__ import annotations
 
+import ast
 import functools
+import inspect
+import math
 from fractions import Fraction
 from typing import Any, Callable
 
 import numpy as np
+import torch
+import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import make_backend
 from triton.runtime.autotuner import Autotuner, Heuristics
+from triton.language.extra import libdevice
+from triton.language.extra.cuda import libdevice as cuda_libdevice
+from triton.runtime import interpreter
 from triton.runtime.jit import JITFunction, KernelInterface, create_function_from_signature
+
+from ..ir.types import dtype_from_triton, torch_name
 
 __all__ = ["Autotuner", "Heuristics", "JITFunction", "backend_for", "binder_for", "bind_params",
            "interpreter_scalar", "is_scalar_type", "libdevice_cpu", "libdevice_modules",
@@ -83,10 +93,6 @@ def interpreter_scalar(ty: str, value: Any) -> Any:
     are not bool/int/float (None) are returned unchanged. Raises ValueError when ``value`` does
     not fit ``ty``.
     """
-    import torch
-    import triton.language as tl
-    from triton.runtime import interpreter
-
     if not isinstance(value, (bool, int, float)):
         return value
     tt = tl.str_to_ty(ty, None)
@@ -102,8 +108,6 @@ def interpreter_scalar(ty: str, value: Any) -> Any:
         with np.errstate(over="ignore"):  # a GPU launch rounds to +-inf as well
             data = np.array([float(value)], dtype=np_dtype)
     elif tt.is_floating():  # bf16 / fp8: the interpreter stores their bits
-        from ..ir.types import dtype_from_triton, torch_name
-
         t = torch.tensor([float(value)], dtype=getattr(torch, torch_name(dtype_from_triton(ty))))
         data = t.view(getattr(torch, f"uint{t.element_size() * 8}")).numpy().astype(np_dtype)
     else:
@@ -127,9 +131,6 @@ LIBDEVICE_NO_CPU = frozenset({"jn", "yn", "rcp64h"})
 
 def libdevice_modules() -> tuple[Any, Any]:
     """(backend-neutral stub module, CUDA libdevice module) of the installed Triton."""
-    from triton.language.extra import libdevice
-    from triton.language.extra.cuda import libdevice as cuda_libdevice
-
     return libdevice, cuda_libdevice
 
 
@@ -137,9 +138,6 @@ def libdevice_modules() -> tuple[Any, Any]:
 def libdevice_symbols() -> dict[str, str]:
     """CUDA libdevice symbol ('__nv_tanhf') -> the libdevice function dispatching to it ('tanh'),
     read off Triton's CUDA wrappers."""
-    import ast
-    import inspect
-
     tree = ast.parse(inspect.getsource(libdevice_modules()[1]))
     return {node.value: fn.name for fn in tree.body if isinstance(fn, ast.FunctionDef)
             for node in ast.walk(fn)
@@ -312,14 +310,10 @@ def _py(f: Callable, on_error: Callable[..., float]) -> Callable:
 
 
 def _torch(f: Callable) -> Callable:
-    import torch
-
     return lambda *a: f(*(torch.tensor(np.asarray(_wide(x))) for x in a)).numpy()
 
 
 def _gamma_error(x: float) -> float:
-    import math
-
     if x == 0:
         return math.copysign(math.inf, x)
     return math.inf if x > 0 else math.nan
@@ -327,10 +321,6 @@ def _gamma_error(x: float) -> float:
 
 @functools.lru_cache(maxsize=None)
 def _libdevice_table() -> dict[str, Callable]:
-    import math
-
-    import torch
-
     def wide(f: Callable) -> Callable:  # evaluated in fp64, rounded once to the result type
         return lambda *a: f(*map(_wide, a))
 

@@ -13,6 +13,7 @@ from typing import Annotated, Literal, Union
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..errors import IRError, SymbolicError
+from ..fileio import atomic_write
 from .kernel import Base64Bytes, KernelIR
 from .names import Identifier, MAX_NAME
 from .symbolic import SymbolInfo, SymExpr, parse, symbol
@@ -233,8 +234,6 @@ class GraphIR(_Model):
 
     def save(self, path: str | Path) -> Path:
         """Write the JSON document atomically (a link at ``path`` is replaced, not followed)."""
-        from ..fileio import atomic_write
-
         return atomic_write(path, self.to_json())
 
     @classmethod

@@ -51,16 +51,23 @@ never baked from the capture sizes.
 
 from __future__ import annotations
 
+import os
+import tempfile
+from importlib.metadata import version as dist_version
 from pathlib import Path
 from typing import Any, Union
 
 import onnx
 import onnx.inliner
+import onnx_ir as oir
 import sympy
 from onnx import TensorProto, helper
+from onnx.external_data_helper import load_external_data_for_model
 
 from .. import aten_facts
 from ..errors import KernelLensError, SymbolicError, UnsupportedKernelError
+from ..fileio import atomic_write
+from ..toolchain import entry_cache
 from ..ir.graph import ConstArg, GraphIR, Launch, OpArg, SymArg, TensorValue, TorchOp, ValueArg
 from ..ir.kernel import ParamKind
 from ..codegen.launch_io import launch_io, root_of
@@ -68,6 +75,7 @@ from ..ir.symbolic import parse
 from ..ir.types import DType
 from . import aten, rewrites, torchlib
 from .context import onnx_dtype
+from .external_data import check_locations, tensors
 
 DOMAIN = "kernel_lens"
 DOMAIN_VERSION = 1
@@ -432,8 +440,6 @@ class Lowering:
     def add_recorded(self, nodes: list[Any], functions: dict[Any, Any]) -> None:
         """Append nodes recorded by torchlib (onnx_ir nodes): every value gets a unique name,
         constants shared across ops keep theirs (never renamed)."""
-        import onnx_ir as oir
-
         def name_all(recorded) -> None:
             for node in recorded:
                 self._counter += 1
@@ -776,8 +782,7 @@ def _inputs(node: onnx.NodeProto) -> set[str]:
 
 def _version() -> str:
     try:
-        from importlib.metadata import version
-        return version("kernel_lens")
+        return dist_version("kernel_lens")
     except Exception:  # pragma: no cover - running from a source tree
         return "0.0.0+source"
 
@@ -851,17 +856,16 @@ def optimize(model: onnx.ModelProto) -> onnx.ModelProto:
     unused. No rewrite rules; the one renaming is folding's: a value that only reaches a graph
     output through Identity takes the output's name (``output_0``), kernel outputs included. Without it, ORT places the leftover shape arithmetic on the CPU, which CUDA-graph mode
     refuses."""
-    import onnx_ir
-    import onnxscript.optimizer
+    import onnxscript.optimizer  # lazy: onnxscript takes ~0.3 s; a cached lowering never needs it
 
     version = model.ir_version
-    graph = onnx_ir.serde.deserialize_model(model)
+    graph = oir.serde.deserialize_model(model)
     for _ in range(2):  # constant folding and dead-node removal: nothing here renames
         onnxscript.optimizer.fold_constants(graph)
         onnxscript.optimizer.remove_unused_nodes(graph)
     if rewrites.apply(graph):  # attention on the layout the model keeps (see rewrites.py)
         onnxscript.optimizer.remove_unused_nodes(graph)
-    out = onnx_ir.serde.serialize_model(graph)
+    out = oir.serde.serialize_model(graph)
     out.ir_version = version
     return out
 
@@ -870,15 +874,11 @@ def lower_to_onnx_cached(ir: GraphIR, *, opset: int = MIN_OPSET) -> onnx.ModelPr
     """:func:`lower_to_onnx`, reused from the kernel_lens cache when the same IR was lowered by
     the same lowering code and library versions (a recompile with nothing changed never imports
     torchlib). Models past protobuf's 2 GB limit are not cached."""
-    from importlib.metadata import version
-
-    import torch
-
-    from ..toolchain import entry_cache
+    import torch  # lazy: torch takes seconds; the onnx layer imports no torch (targets emit and build without it)
 
     code = [Path(__file__).parent / f for f in ("lower.py", "aten.py", "torchlib.py", "rewrites.py")]
     code += [Path(__file__).parents[1] / "aten_facts.py", Path(__file__).parents[1] / "codegen" / "launch_io.py"]
-    key = entry_cache.key_of("onnx/1", _version(), torch.__version__, version("onnxscript"),
+    key = entry_cache.key_of("onnx/1", _version(), torch.__version__, dist_version("onnxscript"),
                              onnx.__version__, opset, *(p.read_bytes() for p in code),
                              ir.to_json(indent=None).encode())
     body = entry_cache.read("onnx", key, ".onnx")
@@ -898,12 +898,6 @@ def save_onnx(model: onnx.ModelProto, path: Union[str, Path]) -> Path:
     (``model`` itself is left as it was, weights inside). Every tensor (initializers, attribute
     tensors such as ``Constant``'s, subgraphs, functions) is counted, and one that already keeps
     its data outside the model must name a plain file beside it (``external_data``)."""
-    import os
-    import tempfile
-
-    from ..fileio import atomic_write
-    from .external_data import check_locations, tensors
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     check_locations(model, path)
@@ -917,7 +911,5 @@ def save_onnx(model: onnx.ModelProto, path: Union[str, Path]) -> Path:
         os.replace(os.path.join(work, path.name + ".data"), path.parent / (path.name + ".data"))
         os.replace(os.path.join(work, path.name), path)
     # onnx.save_model moved the weights out of the caller's model: give them back
-    from onnx.external_data_helper import load_external_data_for_model
-
     load_external_data_for_model(model, str(path.parent))
     return path

@@ -28,6 +28,7 @@ def _static_dims(value: Any) -> list[int] | None:
 
 
 def _rules():
+    # lazy: onnxscript takes ~0.3 s to import; a cached lowering never builds the rules
     from onnxscript.rewriter import RewriteRuleSet
     from onnxscript.rewriter._basics import MatchResult
     from onnxscript.rewriter._rewrite_rule import RewriteRuleClassBase

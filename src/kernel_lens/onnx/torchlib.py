@@ -17,20 +17,26 @@ third-party front ends have no exported program. See ``docs/onnx_lowering.md``.
 
 from __future__ import annotations
 
+import json
 import logging
 from functools import lru_cache
+from importlib.metadata import version as dist_version
 from typing import Any
+
+import onnx_ir
 
 from .. import aten_facts
 from ..errors import UnsupportedKernelError
 from ..ir.graph import ConstArg, ListArg, OpArg, SymArg, TorchOp, ValueArg
 from ..ir.types import DType, dtype_from_torch, torch_name
+from ..toolchain import entry_cache
 from .context import ONNX_DTYPES, LoweringContext, onnx_dtype
 
 
 
 def _exporter():
     """torch's exporter internals (imported on first use: they pull in onnxscript)."""
+    # lazy: torch and onnxscript (seconds), only when an op is translated (not on a cached lowering)
     from torch.onnx._internal.exporter import _building, _core, _registration  # noqa: F401
     return _building, _core, _registration
 
@@ -66,14 +72,9 @@ def translatable(op_name: str, opset: int) -> bool:
 
 @lru_cache(maxsize=None)
 def _translatable_names(opset: int) -> frozenset[str]:
-    import json
-    from importlib.metadata import version
+    import torch  # lazy: torch takes seconds; the onnx layer imports no torch (targets emit and build without it)
 
-    import torch
-
-    from ..toolchain import entry_cache
-
-    key = entry_cache.key_of("torchlib-ops/2", torch.__version__, version("onnxscript"), opset)
+    key = entry_cache.key_of("torchlib-ops/2", torch.__version__, dist_version("onnxscript"), opset)
     body = entry_cache.read("torchlib", key, ".json")
     if body is not None:
         try:
@@ -99,13 +100,8 @@ def _ir_name(target: Any) -> str | None:
 
 @lru_cache(maxsize=1)
 def _promotion_table() -> Any:
-    from torch.onnx._internal.fx.passes import type_promotion
+    from torch.onnx._internal.fx.passes import type_promotion  # lazy: torch, only when translating
     return type_promotion.TypePromotionTable()
-
-
-def _ir():
-    import onnx_ir
-    return onnx_ir
 
 
 class _Call:
@@ -120,7 +116,7 @@ class _Call:
 
     # ------------------------------------------------------------------ arguments
     def value(self, onnx_name: str, dtype: DType, shape: list[str]) -> Any:
-        ir = _ir()
+        ir = onnx_ir
         dims = []
         for d in shape:
             e = self.ctx.expr(d)
@@ -150,7 +146,7 @@ class _Call:
     def _dtype_code(text: str) -> Any:
         """``'torch.float16'`` -> its ONNX type code, as the exporter passes dtypes; other torch
         enums (layouts, memory formats) stay strings, as the exporter passes them."""
-        import torch
+        import torch  # lazy: the onnx layer imports no torch at module level
 
         _, _core, _ = _exporter()
         dtype = getattr(torch, text.removeprefix("torch."), None)
@@ -178,7 +174,7 @@ class _Call:
         rule = _promotion_table().get_rule(self.target.overloadpacket)
         if rule is None:
             return
-        import torch
+        import torch  # lazy: the onnx layer imports no torch at module level
 
         def fake(arg: OpArg) -> Any:
             if isinstance(arg, ValueArg):
@@ -204,7 +200,7 @@ class _Call:
             where[index] = self._cast(where[index], dtype_from_torch(dtype))
 
     def _cast(self, value: Any, dtype: DType) -> Any:
-        ir = _ir()
+        ir = onnx_ir
         if not isinstance(value, ir.Value):
             return value
         if value.dtype == ir.DataType(ONNX_DTYPES[dtype]):
@@ -215,7 +211,7 @@ class _Call:
 
     # ------------------------------------------------------------------ the call
     def run(self, function: Any) -> list[str]:
-        import onnxscript
+        import onnxscript  # lazy: ~0.3 s, only when a torchlib translation runs
 
         _building, _, _ = _exporter()
         args, kwargs = self.arguments()
@@ -233,7 +229,7 @@ class _Call:
                 f"{str(cause).strip().splitlines()[0] if str(cause).strip() else ''}") from exc
         ctx.add_recorded(tracer.nodes, tracer.functions)
         results = list(result) if isinstance(result, (tuple, list)) else [result]
-        ir = _ir()
+        ir = onnx_ir
         names = []
         for r in results:
             if isinstance(r, ir.Value):

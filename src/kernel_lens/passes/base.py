@@ -8,6 +8,7 @@ after any of them.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import re
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, ClassVar, Iterable
 
 from ..errors import PassError, PostconditionError, PreconditionError
+from ..fileio import inside, subfolder
 from ..ir import GraphIR
 
 if TYPE_CHECKING:
@@ -121,7 +123,7 @@ class PassManager:
 
     def graph(self, have: Iterable[str] = ()) -> "nx.DiGraph":
         """The dependency DAG: an edge provider -> consumer for every required fact."""
-        import networkx as nx  # only here: importing it costs more than ordering a pipeline
+        import networkx as nx  # lazy: ~0.25 s to import; order() does without it
 
         edges = self._edges(have)
         g = nx.DiGraph()
@@ -135,8 +137,6 @@ class PassManager:
     def order(self, have: Iterable[str] = ()) -> list[Pass]:
         """The passes in dependency order; among those ready, the one added first (networkx's
         lexicographical topological sort keyed by position, without importing networkx)."""
-        import heapq
-
         edges = self._edges(have)
         position = {p.name: i for i, p in enumerate(self._passes)}
         indegree = dict.fromkeys(position, 0)
@@ -208,8 +208,6 @@ def dump_to_dir(directory: str | Path, *, root: str | Path | None = None
     """A dump callback writing ``<dir>/<NN>-<pass>.json``. ``directory`` is a real folder below
     ``root`` (default: its parent, e.g. the output folder of ``compile -o``): made if missing,
     and a link at any level below ``root`` is refused, when made and again before each dump."""
-    from ..fileio import inside, subfolder
-
     directory = Path(directory)
     root = directory.parent if root is None else Path(root)
     rel = directory.relative_to(root)

@@ -20,8 +20,9 @@ from typing import Any, Iterator
 
 import sympy
 
-from ..errors import SymbolicError
+from ..errors import PostconditionError, SymbolicError
 from ..ir import GraphIR, evaluate, format_expr, inexact_reason, parse
+from ..toolchain import entry_cache
 from .base import Pass, PassContext, PassResult
 
 
@@ -77,8 +78,6 @@ class GridCanonicalization(Pass):
         return PassResult(ir, results != texts)
 
     def ensures(self, ir: GraphIR) -> None:
-        from ..errors import PostconditionError
-
         example = {n: s.example for n, s in ir.symbols.items()}
         for launch in ir.launches:
             grid = tuple(evaluate(parse(g, list(example)), example) for g in launch.grid)
@@ -115,22 +114,16 @@ def _texts(field: Any) -> list[str]:
 @functools.lru_cache(maxsize=1)
 def _code_key() -> str:
     """What the results depend on besides the expressions: sympy and the code that computes them."""
-    from ..toolchain import entry_cache
-
     here = Path(__file__)
     files = [here, here.parents[1] / "ir" / "symbolic.py"]
     return entry_cache.key_of("canonical/1", sympy.__version__, *(f.read_bytes() for f in files))
 
 
 def _key(names: list[str], texts: list[str]) -> str:
-    from ..toolchain import entry_cache
-
     return entry_cache.key_of(_code_key(), list(names), texts)
 
 
 def _cached_results(names: list[str], texts: list[str]) -> list[str] | None:
-    from ..toolchain import entry_cache
-
     body = entry_cache.read("canonical", _key(names, texts), ".json")
     if body is None:
         return None
@@ -145,6 +138,4 @@ def _cached_results(names: list[str], texts: list[str]) -> list[str] | None:
 
 
 def _store_results(names: list[str], texts: list[str], results: list[str]) -> None:
-    from ..toolchain import entry_cache
-
     entry_cache.write("canonical", _key(names, texts), json.dumps(results).encode(), ".json")

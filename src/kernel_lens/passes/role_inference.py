@@ -14,7 +14,7 @@ import ast
 import builtins
 from typing import Iterable
 
-from ..errors import RoleInferenceError
+from ..errors import PostconditionError, RoleInferenceError
 from ..ir import GraphIR, KernelIR, ParamKind, Role, SourceInfo
 from .base import Pass, PassContext, PassResult
 
@@ -302,8 +302,6 @@ class RoleInference(Pass):
         return PassResult(ir, modified)
 
     def ensures(self, ir: GraphIR) -> None:
-        from ..errors import PostconditionError
-
         for launch in ir.launches:
             for arg in launch.args:
                 if arg.role is None:

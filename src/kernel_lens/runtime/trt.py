@@ -25,6 +25,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..codegen.profile import optimization_profile
 from ..errors import KernelLensError
 from ..fileio import inside
 from ..ir import GraphIR
@@ -104,8 +105,6 @@ class TrtModel:
             _loaded_libraries.add(key)
 
     def profile(self) -> dict[str, list[tuple[int, int, int]]]:
-        from ..codegen.profile import optimization_profile
-
         return optimization_profile(self.ir)
 
     def engine_key(self) -> str:

@@ -14,10 +14,10 @@ See docs/serving.md.
 def __getattr__(name: str):
     # Lazy: scripts/fetch_tritonserver.py imports .fetch with the standard library only.
     if name in ("export_triton", "TritonExport"):
-        from . import export
+        from . import export  # lazy: facade; onnx, pydantic, jinja2 only for an export
         return getattr(export, name)
     if name in ("BACKENDS", "get_backend"):
-        from . import backends
+        from . import backends  # lazy: facade (scripts import .fetch alone)
         return getattr(backends, name)
     raise AttributeError(f"module 'kernel_lens.serving' has no attribute {name!r}")
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import ArtifactError, InputError
-from ..ir import GraphIR
-from .interface import check_file_name
+
+if TYPE_CHECKING:  # the CLI's parser imports this module for BACKENDS: no IR (pydantic, sympy) here
+    from ..ir import GraphIR
 
 HERE = Path(__file__).parent
 VERSION = "1"           # the version folder every export writes
@@ -148,7 +150,7 @@ class TensorRtBackend(TritonBackend):
     ENGINE = "model.plan"
 
     def version_files(self, source: CompiledArtifacts) -> dict[str, Path]:
-        from ..runtime.trt import TrtModel
+        from ..runtime.trt import TrtModel  # lazy: torch and TensorRT, for this backend only
 
         version_folder(self.version_entries(source))  # names checked before the engine is built
         engine = TrtModel(source.ir, source.onnx, source.library).build_engine()
@@ -161,7 +163,7 @@ class TensorRtBackend(TritonBackend):
                 (registration_name(source), f"the registration library of {source.library}", None)]
 
     def config(self, source: CompiledArtifacts) -> BackendConfig:
-        from ..runtime.trt import gpu_identity, import_tensorrt
+        from ..runtime.trt import gpu_identity, import_tensorrt  # lazy: torch and TensorRT, this backend only
 
         trt = import_tensorrt()
         return BackendConfig(
@@ -184,6 +186,8 @@ def version_folder(entries: list[tuple[str, str, Path | None]]) -> dict[str, Pat
     """``NAME/1/``'s files by name. Every name is a plain file name (it is written into
     config.pbtxt) and no two are alike: an artifact named ``model.py`` or ``model.onnx`` would
     otherwise replace the export's own file of that name."""
+    from .interface import check_file_name  # lazy: onnx and pydantic (~0.7 s) stay out of the CLI's parser
+
     files: dict[str, Path] = {}
     owners: dict[str, str] = {}
     for name, what, path in entries:
@@ -205,6 +209,7 @@ def registration_name(source: CompiledArtifacts) -> str:
 def registration_library(library_name: str) -> Path:
     """The shim that registers ``library_name``'s plugins (the library beside it) when a plain
     dlopen loads it into a process with TensorRT (Triton's tensorrt backend's ``plugins=``)."""
+    # lazy: jinja2 and the build toolchain, for the tensorrt backend's shim only
     import jinja2
 
     from ..toolchain.build import build_shared_library

@@ -31,6 +31,7 @@ from ..errors import ArtifactError, InputError, OutputPathError
 from ..fileio import atomic_copy, atomic_write, ensure_folder, inside, umask
 from ..ir import GraphIR
 from ..onnx.external_data import external_data_files
+from ..version import __version__
 from .backends import VERSION, BackendConfig, CompiledArtifacts, TritonBackend, get_backend
 from .interface import ModelInterface, check_file_name, check_name, load_graph, read_interface
 
@@ -55,7 +56,7 @@ class TritonExport(BaseModel):
 
 
 def _compiled(directory: str | Path, kind: TritonBackend) -> tuple[CompiledArtifacts, GraphIR]:
-    from ..compiler import load
+    from ..compiler import load  # lazy: torch and triton (seconds to import); nothing else here needs them
 
     compiled = load(directory)  # validates the manifest: every path lies inside the folder
     target = next((t for t in kind.targets
@@ -174,8 +175,6 @@ def export_triton(directory: str | Path, repository: str | Path, *, name: str | 
     """Export the compiled model in ``directory`` as ``REPOSITORY/NAME`` for Triton's ``backend``
     (``onnxruntime``, ``python`` or ``tensorrt``), with ``instances`` instances per GPU; ``max_batch_size > 0``
     makes the leading dynamic dim Triton's batch dim (it must lead every input and output)."""
-    from ..version import __version__
-
     kind = get_backend(backend)
     if isinstance(instances, bool) or not isinstance(instances, int) or instances < 1:
         raise InputError(f"--instances must be a positive number of instances per GPU, got {instances!r}")

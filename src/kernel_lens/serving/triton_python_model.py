@@ -88,6 +88,7 @@ class TritonPythonModel:
         """torch and onnxruntime, imported here (not at module import) so that a host without
         them gets this model's own message instead of an ImportError."""
         try:
+            # lazy: a host without them gets this model's own message, not an ImportError
             import onnxruntime
             import torch
         except ImportError as exc:
@@ -121,7 +122,7 @@ class TritonPythonModel:
         return responses
 
     def _run(self, request):
-        from torch.utils.dlpack import to_dlpack
+        from torch.utils.dlpack import to_dlpack  # lazy: torch comes in through _imports
 
         torch = self.torch
         index = self.device.index
@@ -140,7 +141,7 @@ class TritonPythonModel:
                 for (name, _), tensor in zip(self.outputs, outputs)]
 
     def _input(self, request, name, rank):
-        from torch.utils.dlpack import from_dlpack
+        from torch.utils.dlpack import from_dlpack  # lazy: torch comes in through _imports
 
         tensor = pb_utils.get_input_tensor_by_name(request, name)
         if tensor is None:
@@ -154,7 +155,7 @@ class TritonPythonModel:
 
     def _output(self, value, is_bool):
         """A torch tensor over the memory of ONNX Runtime's output (it keeps the OrtValue alive)."""
-        from torch.utils.dlpack import from_dlpack
+        from torch.utils.dlpack import from_dlpack  # lazy: torch comes in through _imports
 
         tensor = from_dlpack(value._get_c_value().to_dlpack())
         if is_bool:  # ONNX Runtime exports bool tensors as uint8 through DLPack

@@ -29,6 +29,7 @@ process group and removes its work folder on SIGINT, SIGTERM and SIGHUP alike.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import os
@@ -91,8 +92,6 @@ def find_install(root: str | Path | None = None) -> TritonInstall:
     """``root``, else $KERNEL_LENS_TRITONSERVER / the fetch cache, else a pip-installed pytriton."""
     candidates = [Path(root)] if root is not None else [default_dest()]
     if root is None:
-        import importlib.util
-
         spec = importlib.util.find_spec("pytriton")
         if spec is not None and spec.submodule_search_locations:
             candidates.append(Path(list(spec.submodule_search_locations)[0]).parent)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol, Sequence
 
 from ..errors import KernelLensError
+from ..fileio import atomic_write, inside, subfolder
 from ..ir import GraphIR
 
 GROUP = "kernel_lens.targets"
@@ -102,8 +103,6 @@ class StagedTarget(Target):
     def write_sources(out_dir: Path, folder: str, sources: dict[str, str]) -> dict[str, Path]:
         """Write generated sources into ``out_dir/folder`` (an ``emit`` stage that is the last
         one run); the artifacts ``source.<file>``."""
-        from ..fileio import atomic_write, inside, subfolder
-
         src = subfolder(out_dir, folder)  # a real folder: a link planted there is refused
         return {f"source.{name}": atomic_write(inside(src, name), text) for name, text in sources.items()}
 

@@ -56,7 +56,7 @@ def build_cache_dir(cache_dir: str | Path | None = None) -> Path:
     env = os.environ.get("KERNEL_LENS_CACHE")
     if env:
         return Path(env).expanduser()
-    import platformdirs  # only here: the default location is the rare case in tests and CI
+    import platformdirs  # lazy: only the default location needs it (rare in tests and CI)
 
     return Path(platformdirs.user_cache_dir("kernel_lens")) / "build"
 

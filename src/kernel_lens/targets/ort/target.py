@@ -67,7 +67,7 @@ class OrtTarget(StagedTarget):
 
     def runner(self, ir: GraphIR, artifacts: dict[str, Path], *, cuda_graph: bool | str = False,
                **options):
-        from ...runtime.ort import OrtModel
+        from ...runtime.ort import OrtModel  # lazy: torch and onnxruntime; emit and build run without them
 
         onnx_path, library = self.runner_inputs(artifacts, options, "cuda_graph")
         return OrtModel(ir, onnx_path, library, cuda_graph=cuda_graph)

@@ -16,6 +16,7 @@ models coexist. The ONNX node's
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from pathlib import Path
 
@@ -51,8 +52,6 @@ def plugin_names(ir: GraphIR, plan: ModelPlan | None = None) -> dict[str, str]:
     """Kernel id -> plugin name ``kl_<model>_<kernel>_<8 hex digits>``. The digits hash the
     model's launch plan and kernels, so two models of the same class name coexist in TensorRT's
     process-global plugin registry, while the same compiled model always gets the same names."""
-    import hashlib
-
     plan = plan or build_plan(ir)
     digest = hashlib.sha256(plan.model_dump_json().encode())
     for name in sorted(ir.kernels):
@@ -154,7 +153,7 @@ class _TrtTarget(StagedTarget):
                package: str | None = None, **options):
         """A TensorRT engine over the artifacts (``package``: ``tensorrt`` or ``tensorrt_rtx``;
         default, the first that imports). Built at the first run, cached per GPU and version."""
-        from ...runtime.trt import TrtModel
+        from ...runtime.trt import TrtModel  # lazy: imports torch; emit and build run without it
 
         if cuda_graph:
             raise KernelLensError(f"{self.name} runner: cuda_graph=True is ONNX Runtime's CUDA-graph "
