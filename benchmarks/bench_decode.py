@@ -61,7 +61,9 @@ import kernel_lens as kl  # noqa: E402
 import llama_decode as D  # noqa: E402
 
 VARIANTS = ["eager", "eager_cuda_graph", "torch_compile_reduce_overhead", "kernel_lens_run",
-            "kernel_lens_run_cuda_graph"]
+            "kernel_lens_run_cuda_graph", "kernel_lens_run_cuda_graph_ort"]
+# kernel_lens_run_cuda_graph: cuda_graph=True (a torch CUDA graph of ORT's Run);
+# kernel_lens_run_cuda_graph_ort: cuda_graph="ort" (ORT's own CUDA-graph mode).
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 PROMPT_LEN = 8
 
@@ -146,9 +148,9 @@ def make_kl_run(compiled):
     return make
 
 
-def make_kl_cuda_graph(compiled):
+def make_kl_cuda_graph(compiled, mode=True):
     def make(model, batch, example):
-        runner = compiled.runner(cuda_graph=True)
+        runner = compiled.runner(cuda_graph=mode)
         caches = model.new_caches(batch)
         position = torch.zeros(1, dtype=torch.int64, device=caches[0].device)
         inputs, outputs = runner.cuda_graph_buffers(example[0], position, *caches)
@@ -296,10 +298,11 @@ def run_decode(args, dtype, env: dict, result: dict, save: Callable[[], None]) -
                 attempts = [] if batch not in compiled_by_batch else \
                     [("dynamic batch", lambda: make_kl_run(compiled_by_batch[batch]))]
                 attempts.append(("static", lambda: make_kl_run(kl_model(batch))))
-            elif name == "kernel_lens_run_cuda_graph":  # the compile run() worked with
+            elif name.startswith("kernel_lens_run_cuda_graph"):  # the compile run() worked with
                 label = used.get(batch, "dynamic batch" if batch in compiled_by_batch else "static")
-                attempts = [(label, lambda label=label: make_kl_cuda_graph(
-                    compiled_by_batch[batch] if label == "dynamic batch" else kl_model(batch)))]
+                mode = "ort" if name.endswith("_ort") else True
+                attempts = [(label, lambda label=label, mode=mode: make_kl_cuda_graph(
+                    compiled_by_batch[batch] if label == "dynamic batch" else kl_model(batch), mode))]
             else:
                 attempts = [(None, lambda name=name: makers[name])]
             row, errors = {"batch": batch, "variant": name}, {}
@@ -377,8 +380,8 @@ def block_kl_run(block, x, compiled):
     return lambda new_x: compiled.run(new_x, cuda_graph=False)
 
 
-def block_kl_cuda_graph(block, x, compiled):
-    runner = compiled.runner(cuda_graph=True)
+def block_kl_cuda_graph(block, x, compiled, mode=True):
+    runner = compiled.runner(cuda_graph=mode)
     inputs, outputs = runner.cuda_graph_buffers(x)
 
     def fn(new_x):
@@ -391,7 +394,9 @@ def block_kl_cuda_graph(block, x, compiled):
 
 BLOCK_MAKERS = {"eager": block_eager, "eager_cuda_graph": block_eager_cuda_graph,
                 "torch_compile_reduce_overhead": block_torch_compile,
-                "kernel_lens_run": block_kl_run, "kernel_lens_run_cuda_graph": block_kl_cuda_graph}
+                "kernel_lens_run": block_kl_run, "kernel_lens_run_cuda_graph": block_kl_cuda_graph,
+                "kernel_lens_run_cuda_graph_ort":
+                    lambda block, x, compiled: block_kl_cuda_graph(block, x, compiled, "ort")}
 
 
 def time_calls(fn, x, iters: int) -> list[float]:

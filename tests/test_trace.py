@@ -75,3 +75,43 @@ def test_deferred_guard_that_fails_in_range_is_an_error():
     # n % 8 != 3 holds at the example size (40) but not at n = 3, 11, ...: must not compile
     with pytest.raises(TraceError, match=r"fails at .*=3\b"):
         _lift_guarded(lambda n: n % 8 != 3 and n * (8 + n - n % 8) > 1)
+
+
+class _Wrapped(torch.nn.Module):
+    """torch.export wraps regions that turn autocast off or change grad mode (HF's rotary
+    embedding does, on CUDA) in higher-order ops with a submodule body."""
+
+    def __init__(self, enabled: bool = False):
+        super().__init__()
+        self.enabled = enabled
+
+    def forward(self, x, y):
+        from vector_add import add_kernel
+
+        with torch.autocast("cpu" if self.enabled else "cuda", enabled=self.enabled):
+            a = x.float() * 2
+        with torch.no_grad():
+            b = a + 1
+        out = torch.empty_like(b)
+        add_kernel[(triton.cdiv(b.numel(), 256),)](b, y, out, b.numel(), BLOCK_SIZE=256)
+        return out
+
+
+def test_autocast_off_and_grad_mode_regions_are_inlined():
+    load_module(ROOT / "tests" / "corpus" / "vector_add.py")
+    x, y = torch.randn(300), torch.randn(300)
+    n = torch.export.Dim("n", min=2, max=4096)
+    ir = kl.lift(_Wrapped(), (x, y), dynamic_shapes={"x": {0: n}, "y": {0: n}}, arch=90)
+    ops = [op.op for op in ir.ops]
+    assert any("mul" in o for o in ops) and any("add" in o for o in ops), ops
+    assert not any("wrap_with" in o for o in ops)
+    assert len(ir.launches) == 1
+
+
+def test_an_autocast_region_that_casts_is_refused_in_one_line():
+    from kernel_lens.errors import UnsupportedKernelError
+
+    load_module(ROOT / "tests" / "corpus" / "vector_add.py")
+    x, y = torch.randn(300), torch.randn(300)
+    with pytest.raises(UnsupportedKernelError, match="autocast region"):
+        kl.lift(_Wrapped(enabled=True), (x, y), arch=90)

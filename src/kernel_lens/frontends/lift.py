@@ -316,6 +316,9 @@ def _constant(t: torch.Tensor) -> ConstantData:
 
 
 _SKIP_OPS = ("_assert", "sym_constrain", "_check")
+# torch.export wraps a region that changes grad mode or turns autocast off (HF's rotary embedding
+# does, on CUDA) in a higher-order op whose body is a submodule: inlined, it is the same ops.
+_WRAPPERS = ("wrap_with_set_grad_enabled", "wrap_with_autocast")
 
 
 class _GraphBuilder:
@@ -393,6 +396,8 @@ class _GraphBuilder:
             return order
         elif any(s in str(node.target) for s in _SKIP_OPS) or isinstance(val, (torch.SymInt, torch.SymBool, int, bool)):
             return order
+        elif getattr(node.target, "__name__", None) in _WRAPPERS:
+            return self._inline_wrapper(node, order, depth)
         elif depth < 4 and self.translatable is not None \
                 and needs_decomposition(node.target, self.translatable) and (graph := decompose(node)) is not None:
             return self._inline(node, graph, order, depth)
@@ -400,14 +405,27 @@ class _GraphBuilder:
             self.ops.append(self.torch_op(node, order, val))
         return order + 1
 
+    def _inline_wrapper(self, node: torch.fx.Node, order: int, depth: int) -> int:
+        """Replace a grad-mode or autocast-off wrapper by the ops of its body."""
+        at = next(i for i, a in enumerate(node.args) if isinstance(a, torch.fx.Node) and a.op == "get_attr")
+        if node.target.__name__ == "wrap_with_autocast" and node.args[2]:
+            raise UnsupportedKernelError(
+                f"node {node.name}: an autocast region (torch.autocast(..., enabled=True)) inside "
+                f"the forward: ONNX has no autocast; cast explicitly (.to(dtype)) instead")
+        body = getattr(self.program.graph_module, node.args[at].target)
+        return self._inline(node, body, order, depth, list(node.args[at + 1:]))
+
     def _inline(self, node: torch.fx.Node, graph: torch.fx.GraphModule, order: int,
-                depth: int) -> int:
-        """Replace ``node`` by the ops of its decomposition (see :mod:`.decompose`)."""
+                depth: int, args: list | None = None) -> int:
+        """Replace ``node`` by the ops of ``graph`` (its decomposition, see :mod:`.decompose`,
+        or a wrapper's body), whose placeholders take ``args`` (default: the tensor arguments)."""
         subs = list(graph.graph.nodes)
         for sub in subs:
             sub.name = f"{node.name}_{sub.name}"
-        for placeholder, arg in zip([n for n in subs if n.op == "placeholder"], tensor_args(node)):
-            self.alias[placeholder.name] = self.alias.get(arg.name, arg.name)
+        for placeholder, arg in zip([n for n in subs if n.op == "placeholder"],
+                                    tensor_args(node) if args is None else args):
+            if isinstance(arg, torch.fx.Node):
+                self.alias[placeholder.name] = self.alias.get(arg.name, arg.name)
         for sub in subs:
             if sub.op == "call_function":
                 order = self._node(sub, order, depth + 1)

@@ -112,7 +112,7 @@ class OrtModel:
         # Checked before anything else: a relative library name reaches dlopen's search path.
         onnx_path, library_path = _pinned(onnx_path, "ONNX model"), _pinned(library_path, "plugin library")
         try:
-            import onnxruntime as ort
+            import onnxruntime as ort  # lazy: onnxruntime-gpu is optional (the [ort] extra)
         except ImportError:
             raise KernelLensError("running needs onnxruntime-gpu: pip install 'kernel_lens[ort]'") from None
         if "CUDAExecutionProvider" not in ort.get_available_providers():
@@ -268,7 +268,10 @@ class OrtModel:
                       for t, s in zip(tensors, self._inputs)]
             outputs = [torch.empty(shape, dtype=o.dtype, device=device)
                        for shape, o in zip(shapes, self._outputs)]
-            mutated = [inputs[m.input] if m.in_place else torch.empty_like(inputs[m.input])
+            # ORT's own graph mode runs the model more than once on a call that captures:
+            # an input updated in place would advance twice, so it gets a buffer of its own.
+            own = self.graph_mode == "ort"
+            mutated = [inputs[m.input] if m.in_place and not own else torch.empty_like(inputs[m.input])
                        for m in self._mutated]
             binding = state.session.io_binding()
             self._bind_all(binding, {}, device.index, inputs, outputs, mutated)
