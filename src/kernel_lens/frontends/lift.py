@@ -412,7 +412,9 @@ class _GraphBuilder:
             raise UnsupportedKernelError(
                 f"node {node.name}: an autocast region (torch.autocast(..., enabled=True)) inside "
                 f"the forward: ONNX has no autocast; cast explicitly (.to(dtype)) instead")
-        body = getattr(self.program.graph_module, node.args[at].target)
+        # the body is an attribute of the module owning the node's graph (a wrapper's body may
+        # itself hold wrappers: HF's rotary embedding is no_grad around autocast-off)
+        body = getattr(node.graph.owning_module, node.args[at].target)
         return self._inline(node, body, order, depth, list(node.args[at + 1:]))
 
     def _inline(self, node: torch.fx.Node, graph: torch.fx.GraphModule, order: int,
