@@ -392,7 +392,8 @@ class _GraphBuilder:
         if node.target is LAUNCH_OP:
             self.launches.append(self.launch(node, order))
         elif node.target is operator.getitem:
-            self.alias[node.name] = f"{self.alias.get(node.args[0].name, node.args[0].name)}_{node.args[1]}"
+            item = f"{self.alias.get(node.args[0].name, node.args[0].name)}_{node.args[1]}"
+            self.alias[node.name] = self.alias.get(item, item)  # an inlined body's result
             return order
         elif any(s in str(node.target) for s in _SKIP_OPS) or isinstance(val, (torch.SymInt, torch.SymBool, int, bool)):
             return order
