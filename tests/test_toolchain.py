@@ -585,3 +585,32 @@ def test_toolchain_id_identifies_the_binary_not_just_its_version(tmp_path):
     assert str(tmp_path / "cxx-a") in ids[0]
     (tmp_path / "cxx-a").write_text("#!/bin/sh\n# changed in place\necho 'g++ (Fake) 1.0'\n")
     assert compilers.toolchain_id(str(tmp_path / "cxx-a")) != ids[0]
+
+
+def test_relative_path_entries_never_supply_a_compiler(tmp_path, monkeypatch):
+    """A planted ./g++ (or ./nvcc, ./ptxas) in the current folder is not run through an empty or
+    relative PATH entry (doctor and the build both look compilers up)."""
+    import shutil as _shutil
+
+    from kernel_lens.toolchain.compilers import find_cxx, find_nvcc
+    from kernel_lens.toolchain.ptx_isa import find_ptxas
+
+    for name in ("g++", "nvcc", "ptxas"):
+        planted = tmp_path / name
+        planted.write_text("#!/bin/sh\ntouch planted-ran\n")
+        planted.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("KERNEL_LENS_CXX", raising=False)
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.delenv("KERNEL_LENS_NVCC", raising=False)
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    real = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if os.path.isabs(p))
+    for path in (f".{os.pathsep}{real}", f"{os.pathsep}{real}", f"bin{os.pathsep}.{os.pathsep}{real}"):
+        monkeypatch.setenv("PATH", path)
+        if path.startswith("."):  # the plain lookup runs the planted one
+            assert Path(_shutil.which("g++")).resolve().parent == tmp_path.resolve()
+        cxx = find_cxx()
+        assert Path(cxx).resolve().parent != tmp_path.resolve(), cxx
+        for found in (find_nvcc(), find_ptxas()):
+            assert found is None or Path(found).resolve().parent != tmp_path.resolve(), found

@@ -184,7 +184,7 @@ class TrtModel:
         device = tensors[0].device
         shapes = self.signature.output_shapes(values)
         if out is not None:
-            self.signature.check_out(out, shapes, device)
+            self.signature.check_out(out, shapes, device, tensors)
         outputs = list(out) if out is not None else \
             [torch.empty(s, dtype=o.dtype, device=device) for s, o in zip(shapes, self.signature.outputs)]
         with self._lock, torch.cuda.device(device):

@@ -22,11 +22,18 @@ from pathlib import Path
 from kernel_lens.errors import ToolchainError
 
 
+def which(name: str) -> str | None:
+    """``shutil.which`` over the absolute entries of PATH only: an empty or relative entry
+    ('.', '', 'bin') would make a planted ``./g++`` or ``./nvcc`` in the current folder run."""
+    path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if os.path.isabs(p))
+    return shutil.which(name, path=path)
+
+
 def _from_env(var: str, what: str) -> str | None:
     value = os.environ.get(var)
     if not value:
         return None
-    found = shutil.which(os.path.expanduser(value))
+    found = which(os.path.expanduser(value))
     if found is None:
         raise ToolchainError(f"{var}={value} is not an executable {what}; set {var} to the path "
                              f"of a {what}, or unset it")
@@ -40,7 +47,7 @@ def find_cxx() -> str:
         if found:
             return found
     for name in ("g++", "c++", "clang++"):
-        found = shutil.which(name)
+        found = which(name)
         if found:
             return os.path.abspath(found)
     raise ToolchainError("no C++ compiler found: none of g++, c++, clang++ is on PATH; install one "
@@ -56,7 +63,7 @@ def find_nvcc() -> str | None:
                   for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
     candidates += ["nvcc", "/usr/local/cuda/bin/nvcc"]
     for candidate in candidates:
-        found = shutil.which(candidate)
+        found = which(candidate)
         if found:
             return os.path.abspath(found)
     return None

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 
 from kernel_lens.errors import PtxIsaError
+from kernel_lens.toolchain.compilers import which
 
 Version = tuple[int, int]
 
@@ -112,10 +112,10 @@ def min_ptx_version_for_target(target: str) -> Version:
 
 def find_ptxas() -> str | None:
     """``ptxas`` on PATH, else next to ``nvcc`` on PATH, else in ``$CUDA_HOME/bin``."""
-    found = shutil.which("ptxas")
+    found = which("ptxas")
     if found:
         return found
-    nvcc = shutil.which("nvcc")
+    nvcc = which("nvcc")
     candidates = []
     if nvcc:  # nvcc may be a symlink/wrapper; try its directory and the resolved one
         candidates += [os.path.join(os.path.dirname(p), "ptxas") for p in (nvcc, os.path.realpath(nvcc))]
