@@ -11,24 +11,58 @@ import pytest
 # Hermetic: every test session builds into its own caches, never the user's ~/.cache, nor
 # Triton's ~/.triton (whose key omits the kernel's file: an entry from another checkout would
 # hand back a binary whose line info names that checkout).
-os.environ["KERNEL_LENS_CACHE"] = tempfile.mkdtemp(prefix="kl_test_cache_")
+# pytest-xdist workers (README: -n 2) share the cache their controller made: builds and lowerings
+# are content-addressed and locked, so a model compiled on one worker is reused by the other.
+_SHARED = "KL_TEST_SHARED_CACHE"
+_WORKER = "PYTEST_XDIST_WORKER" in os.environ and os.environ.get(_SHARED)
+os.environ["KERNEL_LENS_CACHE"] = _WORKER or tempfile.mkdtemp(prefix="kl_test_cache_")
+os.environ[_SHARED] = os.environ["KERNEL_LENS_CACHE"]
 os.environ["TRITON_HOME"] = os.environ["KERNEL_LENS_CACHE"]
 os.environ.pop("TRITON_CACHE_DIR", None)
-_OWNER = os.getpid()  # forked children (mutmut) share the folder: only its maker removes it
-atexit.register(lambda folder=os.environ["KERNEL_LENS_CACHE"]: os.getpid() == _OWNER
-                and shutil.rmtree(folder, True))
+_OWNER = os.getpid()  # forked children (mutmut) and xdist workers share it: only its maker removes it
+if not _WORKER:
+    atexit.register(lambda folder=os.environ["KERNEL_LENS_CACHE"]: os.getpid() == _OWNER
+                    and shutil.rmtree(folder, True))
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _fresh_build_cache():
     """A fresh kernel_lens cache for each test session, made when the session starts: a process
     that imports this file once and runs several sessions in forked children (mutmut) must not
-    hand one session's cached lowerings and builds to the next."""
+    hand one session's cached lowerings and builds to the next. xdist workers keep the run's
+    shared cache."""
+    if _WORKER:
+        yield
+        return
     folder = tempfile.mkdtemp(prefix="kl_test_cache_")
     previous, os.environ["KERNEL_LENS_CACHE"] = os.environ["KERNEL_LENS_CACHE"], folder
     yield
     os.environ["KERNEL_LENS_CACHE"] = previous
     shutil.rmtree(folder, True)
+
+
+# --- the fast set and the long set (docs/testing.md) ----------------------------------------
+# The README's test command runs `-m "not long"`; .ci/run runs the long set after it.
+# Long by nature: TensorRT-RTX engine builds (the `rtx` fixture), the third-party library
+# conformance run, a real tritonserver.
+_LONG_FILES = {"test_trt_rtx.py", "test_library_conformance.py"}
+_LONG_FIXTURES = {"tritonserver", "rtx"}
+# Tests that build a native library (or harness) for every corpus model: the fast set keeps the
+# models below, which together use every launch feature; the long set builds the rest.
+_PER_MODEL = {"test_trt_plugins.py": "stem", "test_targets.py": "name",
+              "test_launch_sweep.py": "stem", "test_serving_triton.py": "compiled",
+              "test_hf_models.py": "case"}
+FAST_MODELS = {"toy_two_kernels", "llama_block", "inplace_input", "constexpr_from_sizes",
+               "autotune_features", "llama", "bert"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        key = _PER_MODEL.get(item.path.name)
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if item.path.name in _LONG_FILES or _LONG_FIXTURES & set(item.fixturenames) or \
+                (key in params and str(params[key]) not in FAST_MODELS):
+            item.add_marker(pytest.mark.long)
 
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -44,7 +44,7 @@ def test_lowered_onnx_is_reused_for_the_same_ir(cache, ir, monkeypatch):
 
 
 @pytest.mark.parametrize("spoil", ["tamper", "group_writable", "symlink"])
-def test_spoiled_onnx_entry_is_rebuilt(cache, ir, caplog, spoil):
+def test_spoiled_onnx_entry_is_rebuilt(cache, ir, caplog, spoil, monkeypatch):
     first = lower.lower_to_onnx_cached(ir)
     (entry,) = (cache / "onnx").glob("*.onnx")
     if spoil == "tamper":
@@ -56,10 +56,16 @@ def test_spoiled_onnx_entry_is_rebuilt(cache, ir, caplog, spoil):
         target = entry.with_suffix(".real")
         entry.rename(target)
         entry.symlink_to(target)
-    with caplog.at_level(logging.WARNING):
+    lowered = []
+    real = lower.lower_to_onnx
+    monkeypatch.setattr(lower, "lower_to_onnx", lambda *a, **k: lowered.append(1) or real(*a, **k))
+    with caplog.at_level(logging.WARNING, logger="kernel_lens"):
         again = lower.lower_to_onnx_cached(ir)
-    assert "not reused" in caplog.text
+    assert lowered == [1]  # the spoiled entry was not used: the IR was lowered again
     assert again.SerializeToString() == first.SerializeToString()
+    # ... and the entry was replaced by a trusted one (a regular file only its owner writes)
+    assert not entry.is_symlink() and not entry.stat().st_mode & 0o022
+    assert entry.read_bytes() == first.SerializeToString()
 
 
 def test_key_covers_bytes_by_content():

@@ -107,7 +107,7 @@ def test_subfolder_makes_real_folders_and_refuses_links_and_files(tmp_path):
     assert not (tmp_path / "nowhere").exists()
 
 
-def test_emit_refuses_a_planted_source_folder_link_before_writing(toy_ir, tmp_path):
+def test_emit_refuses_a_planted_source_folder_link_before_writing(toy_ir, tmp_path, ort_headers):
     # `o/src -> elsewhere`, then compile --target ort --stop-after emit -o o
     out = tmp_path / "o"
     out.mkdir()

@@ -876,7 +876,8 @@ def lower_to_onnx_cached(ir: GraphIR, *, opset: int = MIN_OPSET) -> onnx.ModelPr
     torchlib). Models past protobuf's 2 GB limit are not cached."""
     import torch  # lazy: torch takes seconds; the onnx layer imports no torch (targets emit and build without it)
 
-    code = [Path(__file__).parent / f for f in ("lower.py", "aten.py", "torchlib.py", "rewrites.py")]
+    code = [Path(__file__).parent / f
+            for f in ("lower.py", "aten.py", "torchlib.py", "rewrites.py", "context.py", "external_data.py")]
     code += [Path(__file__).parents[1] / "aten_facts.py", Path(__file__).parents[1] / "codegen" / "launch_io.py"]
     key = entry_cache.key_of("onnx/1", _version(), torch.__version__, dist_version("onnxscript"),
                              onnx.__version__, opset, *(p.read_bytes() for p in code),
