@@ -136,7 +136,7 @@ def test_plugins_build_and_answer_like_the_ir(stem, harness, trt_headers, fake_d
     kernels = sorted({p.kernel for p in plan.launches})
     for kind in ("v3", "v2"):
         lib = build_shared_library(f"kl_{stem}_trt_{kind}", trt_sources(ir, kind, plan),
-                                   include_dirs=[trt, cuda], cache_dir=tmp_path)
+                                   include_dirs=[trt, cuda])  # the session's cache: test_trt_rtx reuses it
         for values in _size_sets(ir):
             cases, expected = _cases(ir, plan, values)
             env = {**os.environ, "KERNEL_LENS_TEST_CUDA_DRIVER": str(fake_driver)}
