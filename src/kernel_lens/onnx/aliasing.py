@@ -57,10 +57,11 @@ def in_place_inputs(model: onnx.ModelProto) -> set[str]:
     graph = model.graph
     outputs = {o.name for o in graph.output}
     producer = {o: i for i, node in enumerate(graph.node) for o in node.output if o}
+    inner = [_subgraph_reads(node) for node in graph.node]  # walked once: they may be deep
     deps = nx.DiGraph()
     deps.add_nodes_from(range(len(graph.node)))
     for i, node in enumerate(graph.node):
-        for name in list(node.input) + sorted(_subgraph_reads(node)):
+        for name in set(node.input) | inner[i]:
             if name in producer:
                 deps.add_edge(producer[name], i)
     found = set()
@@ -73,7 +74,7 @@ def in_place_inputs(model: onnx.ModelProto) -> set[str]:
         before = nx.ancestors(deps, writer)
         safe = True
         for i, node in enumerate(graph.node):
-            if x in _subgraph_reads(node):
+            if x in inner[i]:
                 safe = False
             elif x not in node.input or (node.domain, node.op_type) in _NO_CONTENTS:
                 continue
