@@ -183,3 +183,38 @@ def assert_loads_in_ort(model_path: Path, library: Path) -> None:
     so.register_custom_ops_library(str(library))
     with pytest.raises(Exception, match=ORT_LOADED_ONLY_LAUNCHES_LACK_CPU):
         ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
+
+
+def with_reference_kernels(ir, model, impls: dict):
+    """Attach a model-local ONNX function per kernel: ``impls[kernel name](read, write)`` returns
+    nodes reading ``read[param]`` (a function input) and producing ``write[param]`` (an output)."""
+    import onnx
+    from onnx import helper
+
+    from kernel_lens.codegen.launch_io import launch_io, root_of
+    from kernel_lens.onnx import DOMAIN
+
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    opset = next(o.version for o in model.opset_import if o.domain == "")
+    done = set()
+    for launch in ir.launches:
+        if launch.kernel in done:
+            continue
+        done.add(launch.kernel)
+        io = launch_io(ir, launch, f"__{launch.order}")
+        read, write = {}, {}
+        for arg in launch.args:
+            if arg.value is None or arg.name not in io.bindings:
+                continue
+            root = root_of(ir, arg.value)
+            if root in io.inputs:
+                read[arg.name] = f"in{io.inputs.index(root)}"
+            kind, index = io.bindings[arg.name]
+            if kind == "out":
+                write[arg.name] = f"out{index}"
+        nodes = impls[ir.kernels[launch.kernel].name](read, write)
+        model.functions.append(helper.make_function(
+            DOMAIN, launch.kernel, [f"in{i}" for i in range(len(io.inputs))],
+            [f"out{i}" for i in range(len(io.outputs))], nodes,
+            [helper.make_opsetid("", opset)], attributes=["launch"]))
+    return model

@@ -23,10 +23,10 @@ from onnx import TensorProto, helper
 
 import kernel_lens as kl
 from kernel_lens import aten_facts
-from kernel_lens.codegen.launch_io import launch_io, root_of
+from kernel_lens.codegen.launch_io import root_of
 from kernel_lens.onnx.lower import DOMAIN
 
-from conftest import EXAMPLES, load_module
+from conftest import EXAMPLES, load_module, with_reference_kernels
 
 D = load_module(EXAMPLES / "llama_decode.py")
 K = load_module(EXAMPLES / "_hf_kernels.py")
@@ -352,38 +352,12 @@ def _reference_kernels(model: D.LlamaDecodeStep) -> dict:
             "kv_cache_write_kernel": kv_cache_write}
 
 
-def _with_reference_kernels(ir, model: onnx.ModelProto, impls: dict) -> onnx.ModelProto:
-    """A model-local ONNX function per kernel_lens node kind, so the CPU EP can run the graph."""
-    model = onnx.ModelProto.FromString(model.SerializeToString())
-    opset = next(o.version for o in model.opset_import if o.domain == "")
-    done = set()
-    for launch in ir.launches:
-        if launch.kernel in done:
-            continue
-        done.add(launch.kernel)
-        io = launch_io(ir, launch, f"__{launch.order}")
-        read, write = {}, {}
-        for arg in launch.args:
-            if arg.value is None or arg.name not in io.bindings:
-                continue
-            root = root_of(ir, arg.value)
-            if root in io.inputs:
-                read[arg.name] = f"in{io.inputs.index(root)}"
-            kind, index = io.bindings[arg.name]
-            if kind == "out":
-                write[arg.name] = f"out{index}"
-        nodes = impls[ir.kernels[launch.kernel].name](read, write)
-        model.functions.append(helper.make_function(
-            DOMAIN, launch.kernel, [f"in{i}" for i in range(len(io.inputs))],
-            [f"out{i}" for i in range(len(io.outputs))], nodes,
-            [helper.make_opsetid("", opset)], attributes=["launch"]))
-    return model
 
 
 @pytest.fixture(scope="module")
 def ort_session(compiled, onnx_model, reference):
     ort = pytest.importorskip("onnxruntime")
-    model = _with_reference_kernels(compiled[0].ir, onnx_model,
+    model = with_reference_kernels(compiled[0].ir, onnx_model,
                                     _reference_kernels(reference))
     opts = ort.SessionOptions()
     opts.log_severity_level = 3

@@ -28,7 +28,7 @@ from kernel_lens.aten_facts import allocates_uninitialized, is_inplace
 from kernel_lens.onnx import DOMAIN, lower_to_onnx, onnx_dtype, save_onnx, supported
 from kernel_lens.onnx.lower import Lowering
 
-from conftest import EXAMPLES, corpus_files, load_module
+from conftest import EXAMPLES, corpus_files, load_module, with_reference_kernels
 
 MODEL_PATHS = {p.stem: p for p in [EXAMPLES / "llama_block.py", EXAMPLES / "toy_two_kernels.py",
                                     *corpus_files()]}
@@ -64,33 +64,6 @@ def _session(model: onnx.ModelProto):
     opts.log_severity_level = 3
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
-
-def _with_reference_kernels(ir: GraphIR, model: onnx.ModelProto, impls: dict) -> onnx.ModelProto:
-    """Attach a model-local ONNX function per kernel: ``impls[kernel name](read, write)`` returns
-    nodes reading ``read[param]`` (a function input) and producing ``write[param]`` (an output)."""
-    model = onnx.ModelProto.FromString(model.SerializeToString())
-    done = set()
-    for launch in ir.launches:
-        if launch.kernel in done:
-            continue
-        done.add(launch.kernel)
-        io = launch_io(ir, launch, f"__{launch.order}")
-        read, write = {}, {}
-        for arg in launch.args:
-            if arg.value is None or arg.name not in io.bindings:
-                continue
-            root = root_of(ir, arg.value)
-            if root in io.inputs:
-                read[arg.name] = f"in{io.inputs.index(root)}"
-            kind, index = io.bindings[arg.name]
-            if kind == "out":
-                write[arg.name] = f"out{index}"
-        nodes = impls[ir.kernels[launch.kernel].name](read, write)
-        model.functions.append(helper.make_function(
-            DOMAIN, launch.kernel, [f"in{i}" for i in range(len(io.inputs))],
-            [f"out{i}" for i in range(len(io.outputs))], nodes,
-            [helper.make_opsetid("", 18)], attributes=["launch"]))
-    return model
 
 
 def _const(name: str, values, dtype=TensorProto.INT64, dims=None) -> onnx.NodeProto:
@@ -281,7 +254,7 @@ def test_llama_end_to_end_in_ort(seq, opset):
     attention = [n for n in lowered.graph.node if n.op_type == "Attention"]
     assert len(attention) == (opset >= 23)
     assert all({a.name: a.i for a in n.attribute}["is_causal"] == 1 for n in attention)
-    model = _with_reference_kernels(ir, lowered, _llama_kernels(module.model.eps))
+    model = with_reference_kernels(ir, lowered, _llama_kernels(module.model.eps))
     x = torch.randn(1, seq, 64, generator=torch.Generator().manual_seed(seq))
     (got,) = _session(model).run(None, {"x": x.numpy()})
     want = module.reference(x).numpy()
@@ -299,7 +272,7 @@ def test_toy_end_to_end_in_ort():
             helper.make_node("Mul", [r["x_ptr"], "k"], ["m"]),
             helper.make_node("Relu", ["m"], [w["out_ptr"]])],
     }
-    model = _with_reference_kernels(ir, lower_to_onnx(ir), impls)
+    model = with_reference_kernels(ir, lower_to_onnx(ir), impls)
     x, y = torch.randn(77), torch.randn(77)
     (got,) = _session(model).run(None, {"x": x.numpy(), "y": y.numpy()})
     np.testing.assert_allclose(got, module.reference(x, y).numpy(), rtol=1e-6)
@@ -520,7 +493,7 @@ def _lift(module_cls, inputs, dynamic_shapes):
 def _run_and_compare(ir, reference, sizes, make, rtol=1e-5, atol=1e-5):
     model = lower_to_onnx(ir)
     _check_structure(ir, model)
-    sess = _session(_with_reference_kernels(ir, model, _KERNELS))
+    sess = _session(with_reference_kernels(ir, model, _KERNELS))
     for size in sizes:
         inputs = make(*size)
         names = [o.name for o in model.graph.output]
