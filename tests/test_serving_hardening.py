@@ -40,6 +40,7 @@ from kernel_lens.serving.interface import ModelInterface
 from kernel_lens.serving.tritonserver import TritonInstall, TritonServer, group_sockets, listening_sockets
 
 from conftest import EXAMPLES, ROOT, load_module
+from test_serving_triton import _model_py
 
 FAKE = ROOT / "tests" / "serving" / "fake_tritonserver.py"
 MODEL_PY = ROOT / "src" / "kernel_lens" / "serving" / "triton_python_model.py"
@@ -111,15 +112,6 @@ def test_config_strings_are_escaped_as_protobuf_text(tmp_path):
     assert dict(cuda.parameters) == {"use_tf32": evil}
 
 
-def _model_py(monkeypatch):
-    import importlib.util
-    import types
-
-    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", types.ModuleType("triton_python_backend_utils"))
-    spec = importlib.util.spec_from_file_location("kl_triton_model_hardening", MODEL_PY)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.TritonPythonModel()
 
 
 @pytest.mark.parametrize("key,value", [("kernel_lens_op_library", "/tmp/evil.so"),
