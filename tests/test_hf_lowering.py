@@ -19,7 +19,8 @@ import torch
 import kernel_lens as kl
 from kernel_lens.onnx import lower_to_onnx
 
-from test_onnx_lowering import _KERNELS, _Kernels, _check_structure, _session, _with_reference_kernels
+from conftest import with_reference_kernels
+from test_onnx_lowering import _KERNELS, _Kernels, _check_structure, _session
 
 transformers = pytest.importorskip("transformers")
 
@@ -71,7 +72,7 @@ def test_hf_torch_ops_match_pytorch_in_ort(arch):
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
     out_dims = inferred.graph.output[0].type.tensor_type.shape.dim
     assert [d.dim_param or d.dim_value for d in out_dims] == ["batch", "seq", 64]
-    sess = _session(_with_reference_kernels(ir, model, _KERNELS))
+    sess = _session(with_reference_kernels(ir, model, _KERNELS))
     reference = _HF(arch, triton_kernels=False)
     reference.model.load_state_dict(module.model.state_dict())
     g = torch.Generator().manual_seed(1)
