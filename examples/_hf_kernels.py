@@ -350,6 +350,19 @@ class TritonActivation(torch.nn.Module):
         return self.act
 
 
+def use_triton_llama(model: torch.nn.Module) -> None:
+    """Replace a transformers Llama's RMSNorm and MLP modules, in place, by the Triton drop-ins
+    above (sharing their parameters)."""
+    from transformers.models.llama import modeling_llama
+
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, modeling_llama.LlamaRMSNorm):
+                setattr(parent, name, TritonRMSNorm.from_hf(child))
+            elif isinstance(child, modeling_llama.LlamaMLP):
+                setattr(parent, name, TritonGatedMLP(child, "silu"))
+
+
 @contextlib.contextmanager
 def triton_rope(modeling_module: str | None):
     """transformers' attention calls its modeling module's ``apply_rotary_pos_emb``: swap it for

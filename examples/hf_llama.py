@@ -45,12 +45,7 @@ class HFLlama(torch.nn.Module):
         self.model = transformers.LlamaModel(config).eval()
         self.triton = triton
         if triton:
-            for parent in list(self.model.modules()):
-                for name, child in list(parent.named_children()):
-                    if isinstance(child, modeling_llama.LlamaRMSNorm):
-                        setattr(parent, name, K.TritonRMSNorm.from_hf(child))
-                    elif isinstance(child, modeling_llama.LlamaMLP):
-                        setattr(parent, name, K.TritonGatedMLP(child, "silu"))
+            K.use_triton_llama(self.model)
 
     def forward(self, input_ids):
         with K.triton_rope(modeling_llama.__name__ if self.triton else None):

@@ -79,12 +79,7 @@ class LlamaDecodeStep(torch.nn.Module):
         self.head_dim = config.hidden_size // config.num_attention_heads
         self.triton = triton
         if triton:
-            for parent in list(self.hf.modules()):
-                for name, child in list(parent.named_children()):
-                    if isinstance(child, modeling_llama.LlamaRMSNorm):
-                        setattr(parent, name, K.TritonRMSNorm.from_hf(child))
-                    elif isinstance(child, modeling_llama.LlamaMLP):
-                        setattr(parent, name, K.TritonGatedMLP(child, "silu"))
+            K.use_triton_llama(self.hf)
 
     def cache_shape(self, batch: int) -> tuple[int, ...]:
         """One layer's k (or v) cache: ``[B, kv_heads, max_len, head_dim]``."""
