@@ -324,12 +324,7 @@ def run_decode(args, dtype, env: dict, result: dict, save: Callable[[], None]) -
                     torch.cuda.synchronize()
             if errors:
                 row["error" if "ms_per_token" not in row else "earlier_errors"] = errors
-            eager = next((r for r in result["rows"] if r["batch"] == batch
-                          and r["variant"] == "eager" and "ms_per_token" in r), None)
-            if "ms_per_token" in row and eager and name != "eager":
-                row["speedup_vs_eager"] = round(eager["ms_per_token"] / row["ms_per_token"], 3)
-            print(json.dumps(row), flush=True)
-            result["rows"].append(row)
+            _record(result["rows"], row, "batch", "ms_per_token")
             save()
         del reference
         torch.cuda.empty_cache()
@@ -374,6 +369,15 @@ def block_torch_compile(block, x, compiled):
         return fn(new_x)
 
     return step
+
+
+def _record(rows: list, row: dict, size: str, ms: str) -> None:
+    """Append ``row``, with its speed-up over the eager row of the same ``size``, and print it."""
+    eager = next((r for r in rows if r[size] == row[size] and r["variant"] == "eager" and ms in r), None)
+    if ms in row and eager and row["variant"] != "eager":
+        row["speedup_vs_eager"] = round(eager[ms] / row[ms], 3)
+    print(json.dumps(row), flush=True)
+    rows.append(row)
 
 
 def block_kl_run(block, x, compiled):
@@ -468,12 +472,7 @@ def run_block(args, dtype, env: dict, result: dict, save: Callable[[], None]) ->
                 row["error"] = f"{type(exc).__name__}: {exc}"[:2000]
             finally:
                 torch.cuda.synchronize()
-            eager = next((r for r in result["block_rows"] if r["tokens"] == tokens
-                          and r["variant"] == "eager" and "ms" in r), None)
-            if "ms" in row and eager and name != "eager":
-                row["speedup_vs_eager"] = round(eager["ms"] / row["ms"], 3)
-            print(json.dumps(row), flush=True)
-            result["block_rows"].append(row)
+            _record(result["block_rows"], row, "tokens", "ms")
             save()
         torch.cuda.empty_cache()
 
