@@ -515,11 +515,6 @@ def _op_name(target: Any) -> str:
 
 
 # --- entry point ----------------------------------------------------------------------------
-def lift(model: Callable, example_inputs: tuple, **kwargs: Any) -> GraphIR:
-    """Capture, trace and compile ``model``: the front half of kernel_lens, ending in GraphIR."""
-    return lift_with_outputs(model, example_inputs, **kwargs)[0]
-
-
 def auto_dynamic_shapes(example_inputs: tuple) -> tuple:
     """``dynamic=True``: every dim of every input may vary (torch.export's ``Dim.AUTO``); torch
     keeps static the dims the forward pins (weights' sizes, size-1 dims) and settles the rest."""
@@ -562,7 +557,8 @@ def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes:
                       autotune: dict[str, dict] | None = None,
                       name: str | None = None, dynamic: bool = False,
                       translatable: Callable[[str], bool] | None = None) -> tuple[GraphIR, Any]:
-    """:func:`lift`, also returning what the captured eager forward returned.
+    """The front half (capture, trace, AOT compile) ending in GraphIR, and what the captured
+    eager forward returned (:func:`kernel_lens.compiler.lift` is the public entry).
 
     ``translatable`` says which ATen ops (``"aten.name.overload"``) the back end translates;
     the others are replaced by torch's decomposition where there is one. None keeps every op
