@@ -20,8 +20,11 @@ Each variant decodes an 8-token prompt (fed one token per step) and then ``--tok
 greedy tokens through :func:`llama_decode.greedy_decode`: a warm-up loop, an untimed loop whose
 logits are compared with eager's step by step (token match, first mismatching generated token,
 max abs logit difference over the steps before it), then a timed loop. Reported: the median over
-the generated tokens of each step's CUDA-event time (``ms_per_token``), and the whole loop's
-CUDA-event time per token, Python and argmax included (``loop_ms_per_token``). The loop copies
+the generated tokens of each step's CUDA-event time (``ms_per_token``), the median host time a
+step call takes to return (``host_ms_per_step``: what the step costs the CPU), and the whole
+loop's CUDA-event time per token, Python and argmax included (``loop_ms_per_token``).
+``--profile`` adds each row's GPU kernels per call (torch.profiler: count, busy time, the
+costliest kernels by name), so a gap between variants can be split into GPU work and idle time. The loop copies
 each step's position from the host (``torch.tensor([step], device=...)``), which waits for the
 previous step: every variant is measured as a token-at-a-time decode loop.
 
@@ -66,6 +69,7 @@ VARIANTS = ["eager", "eager_cuda_graph", "torch_compile_reduce_overhead", "kerne
 # kernel_lens_run_cuda_graph_ort: cuda_graph="ort" (ORT's own CUDA-graph mode).
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 PROMPT_LEN = 8
+PROFILE = False  # --profile: each row also gets the kernels of one call (kernel_profile)
 
 
 def _driver() -> str | None:
@@ -181,14 +185,17 @@ def _same(given, caches) -> bool:
     return len(given) == len(caches) and all(a is b for a, b in zip(given, caches))
 
 
-def decode_timed(step_fn, prompt, tokens, caches) -> tuple[torch.Tensor, list[float], float]:
-    """One greedy loop with a CUDA-event pair around every step and around the whole loop."""
-    events = []
+def decode_timed(step_fn, prompt, tokens, caches) -> tuple[torch.Tensor, list[float], float, list[float]]:
+    """One greedy loop with a CUDA-event pair around every step and around the whole loop; also
+    the host (wall) time each step call takes to return, in ms."""
+    events, host = [], []
 
     def timed_step(*args):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
+        t0 = time.perf_counter()
         out = step_fn(*args)
+        host.append((time.perf_counter() - t0) * 1e3)
         end.record()
         events.append((start, end))
         return out
@@ -199,7 +206,29 @@ def decode_timed(step_fn, prompt, tokens, caches) -> tuple[torch.Tensor, list[fl
     last.record()
     last.synchronize()
     steps = [s.elapsed_time(e) for s, e in events]
-    return out, steps, first.elapsed_time(last) / len(steps)
+    return out, steps, first.elapsed_time(last) / len(steps), host
+
+
+def kernel_profile(fn, iters: int = 5) -> dict:
+    """The GPU side of ``iters`` calls of ``fn`` (torch.profiler, CUDA activity only), per call:
+    kernels launched, GPU busy time (the sum of their durations), and the kernels that take the
+    most time, by name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_name: dict[str, float] = {}
+    for e in kernels:
+        by_name[e.name] = by_name.get(e.name, 0.0) + e.device_time / 1e3
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
+    return {"kernels_per_call": len(kernels) / iters,
+            "gpu_busy_ms_per_call": round(sum(by_name.values()) / iters, 4),
+            "top_ms_per_call": [[name[:120], round(ms / iters, 4)] for name, ms in top]}
 
 
 def compare(step_fn, prompt, tokens, caches, reference: list[torch.Tensor] | None,
@@ -232,10 +261,14 @@ def run_variant(name, maker, model, batch, example, prompt, tokens, reference, r
         out, logits, agreement = compare(step_fn, prompt, tokens, caches, reference, ref_tokens)
         row.update(agreement)
         _reset(caches)
-        timed_out, steps, loop = decode_timed(step_fn, prompt, tokens, caches)
+        timed_out, steps, loop, host = decode_timed(step_fn, prompt, tokens, caches)
+        if PROFILE:  # one step at the position after the prompt, its kernels on the GPU
+            position = torch.tensor([PROMPT_LEN], dtype=torch.int64, device=prompt.device)
+            row["profile"] = kernel_profile(lambda: step_fn(prompt[:, :1], position, *caches))
     generated = steps[PROMPT_LEN - 1:]  # the steps whose output is a generated token
     row.update(ms_per_token=round(statistics.median(generated), 4),
                ms_per_token_p90=round(sorted(generated)[int(0.9 * (len(generated) - 1))], 4),
+               host_ms_per_step=round(statistics.median(host[PROMPT_LEN - 1:]), 4),
                loop_ms_per_token=round(loop, 4), tokens_per_s_per_seq=round(1000.0 / loop, 1),
                timed_run_same_tokens=bool(torch.equal(timed_out, out)))
     return row, out, logits
@@ -464,6 +497,8 @@ def run_block(args, dtype, env: dict, result: dict, save: Callable[[], None]) ->
                     row.update(max_abs_diff=float(diff.max()),
                                max_rel_diff=float(diff.max() / want.abs().max()))
                     times = time_calls(fn, x, args.block_iters)
+                    if PROFILE:
+                        row["profile"] = kernel_profile(lambda: fn(x))
                 row.update(ms=round(statistics.median(times), 4),
                            ms_p90=round(sorted(times)[int(0.9 * (len(times) - 1))], 4),
                            tokens_per_s=round(tokens * 1000.0 / statistics.median(times), 1))
@@ -492,7 +527,11 @@ def main() -> None:
     parser.add_argument("--block-tokens", type=int, nargs="*", default=[8, 2048],
                         help="token counts of the single-block rows (none: no block rows)")
     parser.add_argument("--block-iters", type=int, default=50, help="timed calls per block row")
+    parser.add_argument("--profile", action="store_true",
+                        help="add each row's GPU kernels per call (torch.profiler) to the JSON")
     args = parser.parse_args()
+    global PROFILE
+    PROFILE = args.profile
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
