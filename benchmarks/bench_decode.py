@@ -19,22 +19,26 @@ when ``run()`` fails at some batch it is retried on a static compile for that ba
 Each variant decodes an 8-token prompt (fed one token per step) and then ``--tokens`` (128)
 greedy tokens through :func:`llama_decode.greedy_decode`: a warm-up loop, an untimed loop whose
 logits are compared with eager's step by step (token match, first mismatching generated token,
-max abs logit difference over the steps before it), then a timed loop. Reported: the median over
-the generated tokens of each step's CUDA-event time (``ms_per_token``), the median host time a
-step call takes to return (``host_ms_per_step``: what the step costs the CPU), and the whole
-loop's CUDA-event time per token, Python and argmax included (``loop_ms_per_token``).
-``--profile`` adds each row's GPU kernels per call (torch.profiler: count, busy time, the
-costliest kernels by name), so a gap between variants can be split into GPU work and idle time. The loop copies
-each step's position from the host (``torch.tensor([step], device=...)``), which waits for the
-previous step: every variant is measured as a token-at-a-time decode loop.
+max abs logit difference over the steps before it), then ``--rounds`` timed loops, interleaved
+across the variants of a batch (the order rotates each round, so the GPU's clock and thermal
+state weigh on all alike). Reported: the median over the generated tokens of each step's
+CUDA-event time (``ms_per_token``), the median host time a step call takes to return
+(``host_ms_per_step``: what the step costs the CPU), and the whole loop's CUDA-event time per
+token, Python and argmax included (``loop_ms_per_token``). The loop copies each step's position
+from the host (``torch.tensor([step], device=...)``), which waits for the previous step: every
+variant is measured as a token-at-a-time decode loop, so a step's host time adds to its latency.
+``--profile`` adds, per row, the GPU kernels of one call (torch.profiler: count, busy time, the
+costliest kernels by name) and the host microseconds of one call of the step and of its parts
+(``host_us``: the bare graph replay, the runner's call), so a gap between variants splits into
+GPU work and host work.
 
 The same run then measures the single-block rows (``block_rows`` in the JSON, a second panel in
 the plot): examples/llama_block.py's ``LlamaBlock`` (Triton RMSNorm/RoPE/SwiGLU, causal SDPA) at
 hidden 4096, 32 heads, FFN 11008, batch 1, in ``--dtype``, over ``--block-tokens`` (8 and 2048)
 tokens, with the same five variants (kernel_lens compiles it once with the example's dynamic
-``seq``, 2..2048). Reported: the median CUDA-event time of ``--block-iters`` calls (``ms``; the
-graph variants' copy of the input into their static buffer included) and the max abs/rel
-difference from eager. ``--batches`` or ``--block-tokens`` with no values skips that part.
+``seq``, 2..2048). Reported: the median CUDA-event time of ``--block-iters`` calls, made in
+``--rounds`` interleaved rounds (``ms``; the graph variants' copy of the input into their static
+buffer included) and the max abs/rel difference from eager. ``--batches`` or ``--block-tokens`` with no values skips that part.
 
 Every variant runs in its own try/except: a failure is recorded (``error``) and the run goes on.
 TF32 is off everywhere. Writes the JSON after every row.
@@ -127,6 +131,7 @@ def make_eager_cuda_graph(model, batch, example):
         graph.replay()
         return logits
 
+    step.parts = {"replay": graph.replay}
     return step, caches
 
 
@@ -169,6 +174,12 @@ def make_kl_cuda_graph(compiled, mode=True):
             runner.run(*inputs, out=outputs)
             return outputs[0]
 
+        def replay():  # the bare torch graph the runner replays (mode "torch")
+            runner._last.captured.replay()
+
+        step.parts = {"run": lambda: runner.run(*inputs, out=outputs)}
+        if runner.graph_mode == "torch":
+            step.parts["replay"] = replay
         return step, static_caches
     return make
 
@@ -249,29 +260,74 @@ def compare(step_fn, prompt, tokens, caches, reference: list[torch.Tensor] | Non
                          "max_abs_logit_diff": diff}
 
 
-def run_variant(name, maker, model, batch, example, prompt, tokens, reference, ref_tokens):
+def prepare_variant(name, maker, model, batch, example, prompt, tokens, reference, ref_tokens):
+    """Make the variant's step, warm it up (compiles, graph captures) and compare an untimed loop
+    with eager's: (row, tokens, logits, step_fn, caches)."""
     row = {"batch": batch, "variant": name}
     t0 = time.perf_counter()
     step_fn, caches = maker(model, batch, example)
     with torch.no_grad():
-        _reset(caches)  # warm-up (compiles, captures graphs)
+        _reset(caches)
         D.greedy_decode(step_fn, prompt, min(tokens, 16), caches)
         row["setup_s"] = round(time.perf_counter() - t0, 1)
         _reset(caches)
         out, logits, agreement = compare(step_fn, prompt, tokens, caches, reference, ref_tokens)
-        row.update(agreement)
-        _reset(caches)
-        timed_out, steps, loop, host = decode_timed(step_fn, prompt, tokens, caches)
-        if PROFILE:  # one step at the position after the prompt, its kernels on the GPU
-            position = torch.tensor([PROMPT_LEN], dtype=torch.int64, device=prompt.device)
-            row["profile"] = kernel_profile(lambda: step_fn(prompt[:, :1], position, *caches))
-    generated = steps[PROMPT_LEN - 1:]  # the steps whose output is a generated token
-    row.update(ms_per_token=round(statistics.median(generated), 4),
-               ms_per_token_p90=round(sorted(generated)[int(0.9 * (len(generated) - 1))], 4),
-               host_ms_per_step=round(statistics.median(host[PROMPT_LEN - 1:]), 4),
-               loop_ms_per_token=round(loop, 4), tokens_per_s_per_seq=round(1000.0 / loop, 1),
-               timed_run_same_tokens=bool(torch.equal(timed_out, out)))
-    return row, out, logits
+    row.update(agreement)
+    return row, out, logits, step_fn, caches
+
+
+def host_parts(step_fn, prompt, caches, iters: int = 200) -> dict:
+    """Host (wall) microseconds of one call of each part of a graph variant's step (the step
+    itself, and what ``step_fn.parts`` names: the bare graph replay, the runner's call), each
+    timed alone with the GPU idle before it: the median of ``iters`` calls."""
+    position = torch.tensor([PROMPT_LEN], dtype=torch.int64, device=prompt.device)
+    ids = prompt[:, :1].contiguous()
+    parts = {"step": lambda: step_fn(ids, position, *caches), **getattr(step_fn, "parts", {})}
+    out = {}
+    for name, fn in parts.items():
+        times = []
+        for _ in range(iters):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e6)
+        out[name] = round(statistics.median(times), 1)
+    torch.cuda.synchronize()
+    return out
+
+
+def time_variants(prepared: list, prompt, tokens: int, rounds: int) -> None:
+    """The timed loops, ``rounds`` per variant, interleaved (variant order rotating each round) so
+    that the GPU's clock and thermal state weigh on every variant alike; the rows get the medians
+    over all rounds' generated tokens."""
+    steps = {id(p): [] for p in prepared}
+    host = {id(p): [] for p in prepared}
+    loops = {id(p): [] for p in prepared}
+    with torch.no_grad():
+        for r in range(rounds):
+            for p in prepared[r % len(prepared):] + prepared[:r % len(prepared)]:
+                row, out, step_fn, caches = p
+                _reset(caches)
+                timed_out, s, loop, h = decode_timed(step_fn, prompt, tokens, caches)
+                steps[id(p)] += s[PROMPT_LEN - 1:]  # the steps whose output is a generated token
+                host[id(p)] += h[PROMPT_LEN - 1:]
+                loops[id(p)].append(loop)
+                row["timed_run_same_tokens"] = row.get("timed_run_same_tokens", True) and \
+                    bool(torch.equal(timed_out, out))
+        for p in prepared:
+            row, out, step_fn, caches = p
+            generated = steps[id(p)]
+            loop = statistics.median(loops[id(p)])
+            row.update(ms_per_token=round(statistics.median(generated), 4),
+                       ms_per_token_p90=round(sorted(generated)[int(0.9 * (len(generated) - 1))], 4),
+                       host_ms_per_step=round(statistics.median(host[id(p)]), 4),
+                       loop_ms_per_token=round(loop, 4), tokens_per_s_per_seq=round(1000.0 / loop, 1),
+                       rounds=rounds)
+            if PROFILE:  # one step at the position after the prompt: its GPU kernels, host parts
+                position = torch.tensor([PROMPT_LEN], dtype=torch.int64, device=prompt.device)
+                ids = prompt[:, :1].contiguous()
+                row["profile"] = kernel_profile(lambda: step_fn(ids, position, *caches))
+                row["host_us"] = host_parts(step_fn, prompt, caches)
 
 
 def kl_compile(model, batch, dtype_name, out_dir: Path, dynamic: bool, env: dict):
@@ -322,6 +378,8 @@ def run_decode(args, dtype, env: dict, result: dict, save: Callable[[], None]) -
         prompt = torch.randint(0, model.config.vocab_size, (batch, PROMPT_LEN), generator=g).cuda()
         example = D.make_inputs(model, batch, position=PROMPT_LEN, device="cuda")
         reference = ref_tokens = None
+        prepared: list = []  # (row, tokens, step_fn, caches) of every variant that works
+        rows: list = []
         makers: dict[str, Callable] = {
             "eager": make_eager, "eager_cuda_graph": make_eager_cuda_graph,
             "torch_compile_reduce_overhead": make_torch_compile,
@@ -341,14 +399,16 @@ def run_decode(args, dtype, env: dict, result: dict, save: Callable[[], None]) -
             row, errors = {"batch": batch, "variant": name}, {}
             for label, get_maker in attempts:
                 try:
-                    row, out, logits = run_variant(name, get_maker(), model, batch, example, prompt,
-                                                   args.tokens, reference, ref_tokens)
+                    row, out, logits, step_fn, caches = prepare_variant(
+                        name, get_maker(), model, batch, example, prompt, args.tokens, reference,
+                        ref_tokens)
                     if label is not None:
                         row["kernel_lens_compile"] = label
                         used.setdefault(batch, label)
                     if name == "eager":
                         reference, ref_tokens = logits, out
                         row.update(tokens_match=True, first_mismatch=None, max_abs_logit_diff=0.0)
+                    prepared.append((row, out, step_fn, caches))
                     break
                 except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
                     traceback.print_exc()
@@ -356,10 +416,17 @@ def run_decode(args, dtype, env: dict, result: dict, save: Callable[[], None]) -
                 finally:
                     torch.cuda.synchronize()
             if errors:
-                row["error" if "ms_per_token" not in row else "earlier_errors"] = errors
+                row["error" if not any(p[0] is row for p in prepared) else "earlier_errors"] = errors
+            rows.append(row)
+        try:
+            time_variants(prepared, prompt, args.tokens, args.rounds)
+        except Exception as exc:  # noqa: BLE001 - recorded
+            traceback.print_exc()
+            result["errors"][f"decode_timing_b{batch}"] = f"{type(exc).__name__}: {exc}"[:2000]
+        for row in rows:
             _record(result["rows"], row, "batch", "ms_per_token")
-            save()
-        del reference
+        save()
+        del reference, prepared
         torch.cuda.empty_cache()
 
 
@@ -480,8 +547,10 @@ def run_block(args, dtype, env: dict, result: dict, save: Callable[[], None]) ->
         x = torch.randn(1, tokens, BLOCK_CONFIG["hidden"], generator=g).to("cuda", dtype)
         with torch.no_grad():
             want = block(x).float()
+        rows, fns = [], []
         for name in ["eager"] + [v for v in args.variants if v != "eager"]:
             row = {"model": "llama_block", "tokens": tokens, "variant": name}
+            rows.append(row)
             try:
                 if name.startswith("kernel_lens") and compiled is None:
                     raise RuntimeError(f"no kernel_lens compile: {compile_error}")
@@ -496,19 +565,37 @@ def run_block(args, dtype, env: dict, result: dict, save: Callable[[], None]) ->
                     diff = (got - want).abs()
                     row.update(max_abs_diff=float(diff.max()),
                                max_rel_diff=float(diff.max() / want.abs().max()))
-                    times = time_calls(fn, x, args.block_iters)
-                    if PROFILE:
-                        row["profile"] = kernel_profile(lambda: fn(x))
-                row.update(ms=round(statistics.median(times), 4),
-                           ms_p90=round(sorted(times)[int(0.9 * (len(times) - 1))], 4),
-                           tokens_per_s=round(tokens * 1000.0 / statistics.median(times), 1))
+                fns.append((row, fn))
             except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
                 traceback.print_exc()
                 row["error"] = f"{type(exc).__name__}: {exc}"[:2000]
             finally:
                 torch.cuda.synchronize()
+        # timed calls in rounds, variants interleaved (order rotating), as for decode
+        times: dict[int, list[float]] = {id(row): [] for row, _ in fns}
+        per_round = max(1, args.block_iters // args.rounds)
+        with torch.no_grad():
+            for r in range(args.rounds):
+                for row, fn in fns[r % len(fns):] + fns[:r % len(fns)]:
+                    try:
+                        times[id(row)] += time_calls(fn, x, per_round)
+                    except Exception as exc:  # noqa: BLE001
+                        traceback.print_exc()
+                        row["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+            for row, fn in fns:
+                t = times[id(row)]
+                if "error" in row or not t:
+                    continue
+                row.update(ms=round(statistics.median(t), 4),
+                           ms_p90=round(sorted(t)[int(0.9 * (len(t) - 1))], 4),
+                           tokens_per_s=round(tokens * 1000.0 / statistics.median(t), 1),
+                           rounds=args.rounds)
+                if PROFILE:
+                    row["profile"] = kernel_profile(lambda: fn(x))
+        for row in rows:
             _record(result["block_rows"], row, "tokens", "ms")
-            save()
+        save()
+        del fns
         torch.cuda.empty_cache()
 
 
@@ -526,7 +613,9 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
     parser.add_argument("--block-tokens", type=int, nargs="*", default=[8, 2048],
                         help="token counts of the single-block rows (none: no block rows)")
-    parser.add_argument("--block-iters", type=int, default=50, help="timed calls per block row")
+    parser.add_argument("--block-iters", type=int, default=60, help="timed calls per block row")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="timed rounds per row, variants interleaved (decode: one loop each)")
     parser.add_argument("--profile", action="store_true",
                         help="add each row's GPU kernels per call (torch.profiler) to the JSON")
     args = parser.parse_args()

@@ -152,14 +152,14 @@ def greedy_decode(step_fn: StepFn, prompt_ids: torch.Tensor, n_tokens: int,
                          f"{max_len} positions")
     device = prompt_ids.device
     generated = []
-    token = prompt_ids[:, :1]
+    token = prompt_ids[:, :1].contiguous()
     for step in range(prompt_len + n_tokens - 1):
         position = torch.tensor([step], dtype=torch.int64, device=device)
         logits = step_fn(token, position, *caches)
         if on_step is not None:
             on_step(step, logits)
         if step + 1 < prompt_len:
-            token = prompt_ids[:, step + 1:step + 2]
+            token = prompt_ids[:, step + 1:step + 2].contiguous()
         else:
             token = logits.argmax(dim=-1, keepdim=True).to(torch.int64)
             generated.append(token)

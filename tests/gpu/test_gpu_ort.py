@@ -87,8 +87,11 @@ def _check(compiled, module, inputs):
             assert torch.equal(_bits(a), _bits(b)), f"max abs diff {diff}"
         else:
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
-    for a, b in zip(inputs, ref_inputs):  # in-place updates of inputs match too
-        assert torch.equal(_bits(a), _bits(b))
+    for a, b in zip(inputs, ref_inputs):  # in-place updates of inputs match too (bit for bit
+        if exact:                           # under the same rule: a KV cache written from a
+            assert torch.equal(_bits(a), _bits(b))  # cuBLAS projection is not)
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     return ours
 
 

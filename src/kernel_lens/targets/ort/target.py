@@ -8,6 +8,7 @@ from pathlib import Path
 from ...fileio import atomic_copy, ensure_folder, inside
 from ...ir import GraphIR
 from ...onnx.lower import lower_to_onnx_cached, save_onnx
+from ...onnx.rewrites import for_onnxruntime
 from ...toolchain.build import build_shared_library
 from ...toolchain.headers import find_ort_include, ort_api_version
 from ..base import StagedTarget
@@ -17,7 +18,9 @@ log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 # The ONNX opset of the ORT target's graph: 23, where torch's exporter lowers
 # scaled_dot_product_attention to ONNX Attention, which ORT's CUDA EP runs as one fused kernel
-# (flash / memory-efficient attention) instead of materializing the score matrix.
+# (flash / memory-efficient attention) instead of materializing the score matrix; fp16 attention
+# without a mask becomes com.microsoft.MultiHeadAttention (cuDNN's fused kernel, see
+# onnx/rewrites.py's for_onnxruntime).
 OPSET = 23
 
 
@@ -47,7 +50,7 @@ class OrtTarget(StagedTarget):
     def stage_lower(self, ir: GraphIR, out_dir: Path, state: dict) -> dict[str, Path]:
         ensure_folder(out_dir)
         model_path = inside(out_dir, f"{ir.name}.onnx")
-        save_onnx(lower_to_onnx_cached(ir, opset=OPSET), model_path)
+        save_onnx(for_onnxruntime(lower_to_onnx_cached(ir, opset=OPSET)), model_path)
         return {"onnx": model_path}
 
     def stage_emit(self, ir: GraphIR, out_dir: Path, state: dict) -> dict[str, Path]:
