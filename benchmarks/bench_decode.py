@@ -180,6 +180,7 @@ def make_kl_cuda_graph(compiled, mode=True):
         step.parts = {"run": lambda: runner.run(*inputs, out=outputs)}
         if runner.graph_mode == "torch":
             step.parts["replay"] = replay
+            step.graph = lambda: runner._last.captured
         return step, static_caches
     return make
 
@@ -296,6 +297,23 @@ def host_parts(step_fn, prompt, caches, iters: int = 200) -> dict:
     return out
 
 
+def host_trace(fn, iters: int = 20) -> list:
+    """The host side of ``iters`` calls of ``fn`` (torch.profiler, CPU and CUDA activity): the
+    operators and CUDA API calls that take the most CPU time, in microseconds per call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+            torch.cuda.synchronize()
+    host = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CPU
+            and e.key != "cudaDeviceSynchronize" and e.key != "cudaStreamSynchronize"]
+    host.sort(key=lambda e: -e.self_cpu_time_total)
+    return [[e.key[:80], round(e.self_cpu_time_total / iters, 1), e.count // iters] for e in host[:10]]
+
+
 def time_variants(prepared: list, prompt, tokens: int, rounds: int) -> None:
     """The timed loops, ``rounds`` per variant, interleaved (variant order rotating each round) so
     that the GPU's clock and thermal state weigh on every variant alike; the rows get the medians
@@ -328,6 +346,10 @@ def time_variants(prepared: list, prompt, tokens: int, rounds: int) -> None:
                 ids = prompt[:, :1].contiguous()
                 row["profile"] = kernel_profile(lambda: step_fn(ids, position, *caches))
                 row["host_us"] = host_parts(step_fn, prompt, caches)
+                row["host_trace_us"] = host_trace(lambda: step_fn(ids, position, *caches))
+                if getattr(step_fn, "graph", None) is not None:  # what the replayed graph holds
+                    from kernel_lens.runtime.cuda_graph import node_kinds
+                    row["graph_nodes"] = node_kinds(step_fn.graph().raw_cuda_graph())
 
 
 def kl_compile(model, batch, dtype_name, out_dir: Path, dynamic: bool, env: dict):

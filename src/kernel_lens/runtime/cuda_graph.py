@@ -105,3 +105,26 @@ def host_dependencies(graph: int) -> list[str]:
                    "cuGraphChildGraphNodeGetGraph")
             found += host_dependencies(child.value)
     return found
+
+
+_KINDS = ["kernel", "memcpy", "memset", "host", "graph", "empty", "wait_event", "event_record",
+          "ext_semas_signal", "ext_semas_wait", "mem_alloc", "mem_free", "batch_mem_op", "conditional"]
+
+
+def node_kinds(graph: int) -> dict[str, int]:
+    """How many nodes of each kind (CUgraphNodeType, by name) the graph ``graph`` holds, child
+    graphs included: what a replay launches, for diagnostics."""
+    cuda = _driver()
+    counts: dict[str, int] = {}
+    for node in _nodes(graph):
+        kind = ctypes.c_int(-1)
+        _check(cuda.cuGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(kind)), "cuGraphNodeGetType")
+        name = _KINDS[kind.value] if 0 <= kind.value < len(_KINDS) else f"type_{kind.value}"
+        counts[name] = counts.get(name, 0) + 1
+        if kind.value == _NODE_GRAPH:
+            child = ctypes.c_void_p(0)
+            _check(cuda.cuGraphChildGraphNodeGetGraph(ctypes.c_void_p(node), ctypes.byref(child)),
+                   "cuGraphChildGraphNodeGetGraph")
+            for k, n in node_kinds(child.value).items():
+                counts[k] = counts.get(k, 0) + n
+    return counts
