@@ -135,3 +135,78 @@ def test_lean_run_rebinds_only_what_changed():
     compiled.run(x2, y, out=[out])
     assert calls == ["x"]
     assert torch.equal(out, _cuda(module)(x2, y))
+
+
+# --- what makes a torch graph of ORT's Run unsafe to replay, and the clear errors -------------
+
+def _graph_with(kind: str) -> int:
+    """A CUgraph made with the driver API holding one node: a copy from host memory, a copy
+    between device buffers, or a host callback; the caller destroys it."""
+    import ctypes
+
+    from kernel_lens.runtime import cuda_graph as G
+
+    cuda = G._driver()
+    torch.zeros(1, device="cuda")  # a current context
+    graph, node, ctx = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+    assert cuda.cuGraphCreate(ctypes.byref(graph), 0) == 0
+    assert cuda.cuCtxGetCurrent(ctypes.byref(ctx)) == 0
+    if kind == "host callback":
+        callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _: None)
+        _graph_with.keep = callback  # alive while the graph is
+
+        class HostParams(ctypes.Structure):  # CUDA_HOST_NODE_PARAMS
+            _fields_ = [("fn", ctypes.c_void_p), ("userData", ctypes.c_void_p)]
+
+        params = HostParams(ctypes.cast(callback, ctypes.c_void_p), None)
+        assert cuda.cuGraphAddHostNode(ctypes.byref(node), graph, None, ctypes.c_size_t(0),
+                                       ctypes.byref(params)) == 0
+        return graph.value
+    dst = torch.empty(256, device="cuda")
+    src = torch.ones(256).pin_memory() if kind == "host copy" else torch.ones(256, device="cuda")
+    _graph_with.keep = (dst, src)
+    p = G._Memcpy3D()
+    p.WidthInBytes, p.Height, p.Depth = 1024, 1, 1
+    p.srcPitch = p.dstPitch = 1024
+    p.srcHeight = p.dstHeight = 1
+    if kind == "host copy":
+        p.srcMemoryType, p.srcHost = 1, src.data_ptr()  # CU_MEMORYTYPE_HOST
+    else:
+        p.srcMemoryType, p.srcDevice = 2, src.data_ptr()  # CU_MEMORYTYPE_DEVICE
+    p.dstMemoryType, p.dstDevice = 2, dst.data_ptr()
+    assert cuda.cuGraphAddMemcpyNode(ctypes.byref(node), graph, None, ctypes.c_size_t(0),
+                                     ctypes.byref(p), ctx) == 0
+    return graph.value
+
+
+@pytest.mark.parametrize("kind,found", [("host copy", "a copy of 1024 bytes from host memory"),
+                                        ("host callback", "a host callback"),
+                                        ("device copy", None)])
+def test_host_dependencies_finds_what_a_replay_would_redo_on_the_host(kind, found):
+    import ctypes
+
+    from kernel_lens.runtime.cuda_graph import _driver, host_dependencies, node_kinds
+
+    graph = _graph_with(kind)
+    try:
+        assert host_dependencies(graph) == ([found] if found else [])
+        assert node_kinds(graph) == {"host" if kind == "host callback" else "memcpy": 1}
+    finally:
+        _driver().cuGraphDestroy(ctypes.c_void_p(graph))
+
+
+def test_a_graph_with_host_work_is_refused_with_a_clear_error(monkeypatch):
+    """The runtime's check of the captured graph (here made to report a host callback, as ORT's
+    deferred release of pinned buffers would be): a KernelLensError naming what was found and
+    the way out; nothing is replayed."""
+    import kernel_lens.runtime.ort as runtime_ort
+
+    module = load_module(EXAMPLES / "toy_two_kernels.py")
+    compiled = _compiled(module)
+    x, y = (t.cuda() for t in module.example_inputs)
+    monkeypatch.setattr(runtime_ort, "host_dependencies", lambda graph: ["a host callback"])
+    with pytest.raises(kl.KernelLensError, match=r"on the host inside the captured graph \(a host "
+                                                 r"callback\).*cuda_graph='ort'"):
+        compiled.run(x, y, cuda_graph="torch")
+    monkeypatch.undo()
+    assert torch.equal(compiled.run(x, y, cuda_graph=False), _cuda(module)(x, y))
