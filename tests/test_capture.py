@@ -7,7 +7,7 @@ import os
 import pytest
 
 import kernel_lens as kl
-from kernel_lens.errors import CaptureError
+from kernel_lens.errors import CaptureError, InputError
 from kernel_lens.frontends import triton_compat as tc
 
 from conftest import CORPUS, load_module
@@ -46,6 +46,23 @@ def test_autotune_override_and_bad_override():
     assert kernel.param(block).constexpr_value == last.kwargs[block]
     with pytest.raises(CaptureError, match="matches none of its configs"):
         _compile("autotune", autotune={"scaled_add_kernel": {"BLOCK_SIZE": 3}})
+
+
+@pytest.mark.parametrize("api", ["compile", "lift"])
+def test_python_api_refuses_an_override_that_would_be_ignored(api):
+    """An override naming a kernel the model does not launch, or one that is not autotuned,
+    would change nothing: the Python API refuses it as the CLI does, listing the kernels."""
+    m = load_module(CORPUS / "autotune.py")
+    call = kl.compile if api == "compile" else kl.lift
+    with pytest.raises(InputError, match=r"'scaled_add_kernal', which the model does not launch; "
+                                         r"its kernels: scaled_add_kernel; autotuned: scaled_add_kernel"):
+        call(m.model, tuple(t.clone() for t in m.example_inputs), arch=90,
+             autotune={"scaled_add_kernal": {"BLOCK_SIZE": 128}})
+    helper = load_module(CORPUS / "helper_call.py")
+    (name,) = {k.name for k in kl.lift(helper.model, tuple(helper.example_inputs), arch=90).kernels.values()}
+    with pytest.raises(InputError, match=rf"'{name}', which is not autotuned"):
+        call(helper.model, tuple(t.clone() for t in helper.example_inputs), arch=90,
+             autotune={name: {"BLOCK": 1}})
 
 
 def test_heuristic_over_dynamic_dim_compiles_both_truth_values():

@@ -84,25 +84,6 @@ def _check_output(flag: str, text: str) -> None:
                               f"pass {flag} with a folder name (it is created if missing)")
 
 
-def _check_autotune(autotune: dict | None, ir, source: str) -> None:
-    """Every kernel an autotune override names is launched and autotuned (else the override
-    would be ignored without a word)."""
-    if not autotune:
-        return
-    launched = sorted({k.name for k in ir.kernels.values()})
-    tuned = sorted({k.name for k in ir.kernels.values() if k.options.autotune_config is not None})
-    for name in autotune:
-        matches = [k for k in ir.kernels.values() if name in (k.name, k.id)]
-        if not matches:
-            raise InputError(f"{source} names kernel {_clip(repr(name))}, which the model does not "
-                             f"launch; its kernels: {', '.join(launched) or 'none'}; autotuned: "
-                             f"{', '.join(tuned) or 'none'}")
-        if all(k.options.autotune_config is None for k in matches):
-            raise InputError(f"{source} names kernel {name!r}, which is not autotuned "
-                             f"(@triton.autotune), so no config can be picked; autotuned kernels: "
-                             f"{', '.join(tuned) or 'none'}")
-
-
 def _front_half_args(p: argparse.ArgumentParser) -> None:
     """Options shared by every command that lifts a model file."""
     p.add_argument("--arch", type=_arch, default=None,
@@ -195,19 +176,11 @@ def _compile(args: argparse.Namespace, **kwargs):
     from .compiler import compile  # lazy: torch and triton (seconds to import) stay out of --version/--help
 
     mf = load_model_file(args.file)
-    autotune, source = _autotune(args, mf)
     compiled = compile(mf.model, mf.example_inputs, arch=args.arch, **_shapes(args, mf),
-                       roles=args.roles or mf.roles, autotune=autotune,
-                       options=_options(args), **kwargs)
-    _check_autotune(autotune, compiled.ir, source)
+                       roles=args.roles or mf.roles, autotune=args.autotune or mf.autotune,
+                       options=_options(args), **kwargs)  # an override naming no autotuned kernel: InputError
     _report_dims(args, compiled.ir)
     return compiled
-
-
-def _autotune(args: argparse.Namespace, mf) -> tuple[dict | None, str]:
-    if args.autotune:
-        return args.autotune, "--autotune"
-    return mf.autotune, f"autotune in {mf.path}"
 
 
 def _shapes(args: argparse.Namespace, mf) -> dict:
@@ -237,10 +210,8 @@ def cmd_dump_ir(args: argparse.Namespace) -> int:
         from .summary import summarize
 
         mf = load_model_file(args.file)
-        autotune, source = _autotune(args, mf)
         ir = lift(mf.model, mf.example_inputs, arch=args.arch, **_shapes(args, mf),
-                  roles=args.roles or mf.roles, autotune=autotune)
-        _check_autotune(autotune, ir, source)
+                  roles=args.roles or mf.roles, autotune=args.autotune or mf.autotune)
         _report_dims(args, ir)
         print(ir.to_json() if args.json else summarize(ir), end="\n" if args.json else "")
         return 0

@@ -337,7 +337,28 @@ def lift(model: Callable, example_inputs: Iterable[Any], **kwargs: Any) -> Graph
     """The front half (capture, trace, AOT compile) ending in GraphIR, with the ATen ops the
     ONNX lowering cannot translate decomposed as ``torch.onnx.export`` does (keyword arguments
     as :func:`kernel_lens.frontends.lift.lift_with_outputs`)."""
-    return lift_with_outputs(model, tuple(example_inputs), translatable=supported, **kwargs)[0]
+    ir = lift_with_outputs(model, tuple(example_inputs), translatable=supported, **kwargs)[0]
+    check_autotune(kwargs.get("autotune"), ir)
+    return ir
+
+
+def check_autotune(autotune: dict | None, ir: GraphIR) -> None:
+    """Every kernel an ``autotune`` override names is launched and autotuned, else an InputError
+    listing the kernels (an override that matched nothing would be ignored without a word)."""
+    if not autotune:
+        return
+    launched = sorted({k.name for k in ir.kernels.values()})
+    tuned = sorted({k.name for k in ir.kernels.values() if k.options.autotune_config is not None})
+    for name in autotune:
+        matches = [k for k in ir.kernels.values() if name in (k.name, k.id)]
+        if not matches:
+            raise InputError(f"autotune names kernel {reprlib.repr(name)}, which the model does not "
+                             f"launch; its kernels: {', '.join(launched) or 'none'}; autotuned: "
+                             f"{', '.join(tuned) or 'none'}")
+        if all(k.options.autotune_config is None for k in matches):
+            raise InputError(f"autotune names kernel {name!r}, which is not autotuned "
+                             f"(@triton.autotune), so no config can be picked; autotuned kernels: "
+                             f"{', '.join(tuned) or 'none'}")
 
 
 def pass_context(options: dict | None = None) -> PassContext:
@@ -374,6 +395,7 @@ def compile(model: Callable, example_inputs: Iterable[Any], *, dynamic_shapes: A
     ir, outputs = lift_with_outputs(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes,
                                     arch=arch, roles=roles, autotune=autotune, dynamic=dynamic,
                                     translatable=supported)
+    check_autotune(autotune, ir)
     pm = pass_manager or default_pipeline()
     ir = pm.run(ir, pass_context(options), stop_after=stop_after, dump_after=dump_after, dump=dump)
     compiled = CompiledModel(ir, outputs, list(pm.timings))
