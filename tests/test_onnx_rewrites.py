@@ -40,14 +40,13 @@ def _run(model, feeds):
     return session.run(None, feeds)[0]
 
 
-def _feeds(nq, nk, h, masked, b=2, s=7, seed=0, dtype=np.float32, kv=None):
+def _feeds(nq, nk, h, masked, b=2, s=7, seed=0, dtype=np.float32):
     rng = np.random.default_rng(seed)
-    kv = s if kv is None else kv
     feeds = {"q": rng.standard_normal((b, s, nq, h)).astype(dtype),
-             "k": rng.standard_normal((b, kv, nk, h)).astype(dtype),
-             "v": rng.standard_normal((b, kv, nk, h)).astype(dtype)}
+             "k": rng.standard_normal((b, s, nk, h)).astype(dtype),
+             "v": rng.standard_normal((b, s, nk, h)).astype(dtype)}
     if masked:
-        feeds["mask"] = rng.standard_normal((b, 1, s, kv)).astype(dtype)
+        feeds["mask"] = rng.standard_normal((b, 1, s, s)).astype(dtype)
     return feeds
 
 

@@ -99,6 +99,10 @@ def apply(model: Any) -> int:
 MS_DOMAIN = "com.microsoft"
 
 
+def _is_causal(attrs: Any) -> bool:
+    return attrs.get("is_causal") is not None and attrs["is_causal"].as_int() == 1
+
+
 def _ort_rules():
     # lazy: onnxscript takes ~0.3 s to import
     from onnxscript.rewriter import RewriteRuleSet
@@ -146,25 +150,24 @@ def _ort_rules():
                 want = [[0, 0, -1], [0, 0, shape[2] * shape[3]]]
                 if value is None or value.numpy().tolist() not in want:
                     return result.fail("the reshapes must merge (heads, head size) only")
-            causal = attrs.get("is_causal") is not None and attrs["is_causal"].as_int() == 1
-            if causal and not (shapes[0][1] == shapes[1][1] and shapes[0][0] == shapes[1][0]):
+            if _is_causal(attrs) and not (shapes[0][1] == shapes[1][1] and shapes[0][0] == shapes[1][0]):
                 return result.fail("causal with q and k lengths not provably equal")
             return result
 
         def rewrite(self, op, q, k, v, sq, sk, sv, y, **_):
             attrs = y.producer().attributes
             extra = {"scale": attrs["scale"].as_float()} if attrs.get("scale") is not None else {}
-            causal = attrs.get("is_causal") is not None and attrs["is_causal"].as_int() == 1
             return op.MultiHeadAttention(op.Reshape(q, sq), op.Reshape(k, sk), op.Reshape(v, sv),
                                          num_heads=attrs["q_num_heads"].as_int(),
-                                         unidirectional=int(causal), _domain=MS_DOMAIN, **extra)
+                                         unidirectional=int(_is_causal(attrs)), _domain=MS_DOMAIN,
+                                         **extra)
 
     return RewriteRuleSet([MultiHeadAttentionForOrt.rule()])
 
 
 def for_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` with the ORT-only rule applied (a new model; ``model`` is left as it was); the
-    com.microsoft opset is imported when a rewrite happened."""
+    """``model`` with the ORT-only rule applied: a new model importing the com.microsoft opset
+    when the rule fired (``model`` is left as it was), else ``model`` itself."""
     graph = oir.serde.deserialize_model(model)
     if not _ort_rules().apply_to_model(graph):
         return model

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections import Counter
+from typing import Iterator
 
 from ..errors import KernelLensError
 
@@ -83,27 +85,33 @@ def _is_host_memory(params: _Memcpy3D) -> bool:
     return status == 0 and kind.value == _MEMORY_HOST
 
 
-def host_dependencies(graph: int) -> list[str]:
-    """What the captured graph ``graph`` (a ``CUgraph`` handle) reads from or does on the host:
-    copies from host memory and host callbacks, described one per entry (child graphs too)."""
+def _walk(graph: int) -> Iterator[tuple[int, int]]:
+    """Every node of ``graph`` with its CUgraphNodeType, the nodes of child graphs included."""
     cuda = _driver()
-    found = []
     for node in _nodes(graph):
         kind = ctypes.c_int(-1)
         _check(cuda.cuGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(kind)), "cuGraphNodeGetType")
-        if kind.value == _NODE_HOST:
-            found.append("a host callback")
-        elif kind.value == _NODE_MEMCPY:
-            params = _Memcpy3D()
-            _check(cuda.cuGraphMemcpyNodeGetParams(ctypes.c_void_p(node), ctypes.byref(params)),
-                   "cuGraphMemcpyNodeGetParams")
-            if _is_host_memory(params):
-                found.append(f"a copy of {params.WidthInBytes} bytes from host memory")
-        elif kind.value == _NODE_GRAPH:
+        yield node, kind.value
+        if kind.value == _NODE_GRAPH:
             child = ctypes.c_void_p(0)
             _check(cuda.cuGraphChildGraphNodeGetGraph(ctypes.c_void_p(node), ctypes.byref(child)),
                    "cuGraphChildGraphNodeGetGraph")
-            found += host_dependencies(child.value)
+            yield from _walk(child.value)
+
+
+def host_dependencies(graph: int) -> list[str]:
+    """What the captured graph ``graph`` (a ``CUgraph`` handle) reads from or does on the host:
+    copies from host memory and host callbacks, described one per entry (child graphs too)."""
+    found = []
+    for node, kind in _walk(graph):
+        if kind == _NODE_HOST:
+            found.append("a host callback")
+        elif kind == _NODE_MEMCPY:
+            params = _Memcpy3D()
+            _check(_driver().cuGraphMemcpyNodeGetParams(ctypes.c_void_p(node), ctypes.byref(params)),
+                   "cuGraphMemcpyNodeGetParams")
+            if _is_host_memory(params):
+                found.append(f"a copy of {params.WidthInBytes} bytes from host memory")
     return found
 
 
@@ -113,18 +121,6 @@ _KINDS = ["kernel", "memcpy", "memset", "host", "graph", "empty", "wait_event", 
 
 def node_kinds(graph: int) -> dict[str, int]:
     """How many nodes of each kind (CUgraphNodeType, by name) the graph ``graph`` holds, child
-    graphs included: what a replay launches, for diagnostics."""
-    cuda = _driver()
-    counts: dict[str, int] = {}
-    for node in _nodes(graph):
-        kind = ctypes.c_int(-1)
-        _check(cuda.cuGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(kind)), "cuGraphNodeGetType")
-        name = _KINDS[kind.value] if 0 <= kind.value < len(_KINDS) else f"type_{kind.value}"
-        counts[name] = counts.get(name, 0) + 1
-        if kind.value == _NODE_GRAPH:
-            child = ctypes.c_void_p(0)
-            _check(cuda.cuGraphChildGraphNodeGetGraph(ctypes.c_void_p(node), ctypes.byref(child)),
-                   "cuGraphChildGraphNodeGetGraph")
-            for k, n in node_kinds(child.value).items():
-                counts[k] = counts.get(k, 0) + n
-    return counts
+    graphs included (and counted as ``graph`` nodes themselves): what a replay launches, for
+    diagnostics."""
+    return dict(Counter(_KINDS[k] if 0 <= k < len(_KINDS) else f"type_{k}" for _, k in _walk(graph)))
