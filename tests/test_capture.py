@@ -117,7 +117,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from kernel_lens.frontends.capture import capture  # noqa: E402
-from kernel_lens.frontends.lift import _kernel_params  # noqa: E402
+from kernel_lens.frontends.arguments import kernel_params  # noqa: E402
 from kernel_lens.ir import DType, ParamKind  # noqa: E402
 
 
@@ -190,7 +190,7 @@ def test_float_and_annotated_scalars_are_typed_scalars_in_the_interpreter():
     x = torch.arange(8, dtype=torch.float32)
     cap = capture(lambda t: _run_typed(t, 0.1, 0.25, 3_000_000_000, True), (x,), 90)
     (launch,) = cap.launches
-    params, _ = _kernel_params(launch)
+    params, _ = kernel_params(launch.jit, "_typed_kernel", launch.params, launch.specialization, [])
     assert {p.name: p.dtype for p in params if p.kind == ParamKind.scalar} == \
         {"eps": DType.fp32, "wide": DType.fp64, "count": DType.u32, "on": DType.i1}
     expected = x + torch.tensor(0.1, dtype=torch.float32) + 0.25 + 3e9

@@ -7,7 +7,8 @@ from typing import Iterable
 import sympy
 from sympy.printing.str import StrPrinter
 
-from .ir import ConstArg, GraphIR, Launch, ListArg, SymArg, TorchOp, ValueArg, parse
+from .ir import (ConstArg, DTypeValue, GraphIR, JitValue, Launch, ListArg, SymArg, TorchOp,
+                 TupleValue, ValueArg, parse)
 
 
 class _PythonIntPrinter(StrPrinter):
@@ -82,7 +83,7 @@ def summarize(ir: GraphIR, timings: Iterable = ()) -> str:
         out.append(f"  {k.id}: {k.source.qualname}  ({k.source.file}:{k.source.line})")
         out.append(f"    num_warps={opts.num_warps} num_stages={opts.num_stages} "
                    f"num_ctas={opts.num_ctas}{tune}")
-        for p in k.params:
+        for p in k.leaves():
             spec = k.specialization.get(p.name)
             facts = [f for f in ("aligned16", "divisible16", "equal_to_1", "int32")
                      if spec is not None and getattr(spec, f)]
@@ -90,14 +91,19 @@ def summarize(ir: GraphIR, timings: Iterable = ()) -> str:
                 desc = f"*{p.dtype.value} {p.role.value if p.role else '?'}"
                 if p.role_source == "override":
                     desc += " (override)"
+            elif p.kind.value == "tensordesc":
+                desc = (f"descriptor *{p.dtype.value} block {p.block_shape} "
+                        f"{p.role.value if p.role else '?'}")
             elif p.kind.value == "scalar":
                 desc = f"{p.dtype.value}"
             else:
-                desc = f"constexpr = {p.constexpr_value!r}"
+                desc = f"constexpr = {_constexpr_text(p.constexpr_value)}"
             out.append(f"    {p.name}: {desc}" + (f"  [{', '.join(facts)}]" if facts else ""))
         for b in k.binaries:
             kind = "specialized" if b.specialized else "generic"
-            abi = ", ".join(f"{a.c_type} {a.name}" for a in b.abi)
+            abi = ", ".join(f"{a.c_type} {a.name}" + ("" if a.part == "value" else
+                                                       f".{a.part}{'' if a.dim is None else a.dim}")
+                            for a in b.abi)
             out.append(f"    binary sm_{b.arch} {kind}: entry {b.entry_name}, PTX {b.ptx_version}, "
                        f"cubin {len(b.cubin)} B, shared {b.shared_mem} B, "
                        f"scratch {b.global_scratch_size} B, warps {b.num_warps}")
@@ -122,9 +128,23 @@ def _launch(ir: GraphIR, launch: Launch, names) -> str:
         elif a.expr is not None:
             args.append(f"{a.name}={pretty(a.expr, names)}")
         else:
-            args.append(f"{a.name}={a.constant!r}")
+            args.append(f"{a.name}={_constexpr_text(a.constant)}")
     line = f"  launch {launch.kernel}[grid=({grid})]({', '.join(args)})"
     for name, guard in launch.guards.items():
         picks = ", ".join(f"{d.when[name]} -> {d.kernel}" for d in launch.dispatch)
         line += f"\n      guard {name} = {pretty(guard, names)}   dispatch: {picks}"
     return line
+
+
+def _constexpr_text(value: object) -> str:
+    """A constexpr as the user wrote it: ``tl.float32``, a @triton.jit function's name, tuples."""
+    if isinstance(value, DTypeValue):
+        return f"tl.dtype({value.dtype!r})"
+    if isinstance(value, JitValue):
+        return f"@jit {value.jit}"
+    if isinstance(value, TupleValue):
+        items = [_constexpr_text(v) for v in value.items]
+        if value.fields is not None:
+            return f"{value.type_name}({', '.join(f'{f}={v}' for f, v in zip(value.fields, items))})"
+        return f"({', '.join(items)}{',' if len(items) == 1 else ''})"
+    return repr(value)

@@ -37,20 +37,30 @@ class ValueDependentBranch(torch.nn.Module):
         return out
 
 
-class TupleArgument(torch.nn.Module):
+class ListArgument(torch.nn.Module):
+    """A list where Triton's JIT takes tuples (its binder refuses lists)."""
+
     def forward(self, x):
         out = torch.empty_like(x)
-        copy_kernel[(1,)](x, out, (x.numel(), 1), BLOCK=16)
+        copy_kernel[(1,)](x, out, [x.numel(), 1], BLOCK=16)
         return out
 
 
-class DescriptorArgument(torch.nn.Module):
-    def forward(self, x):
-        from triton.tools.tensor_descriptor import TensorDescriptor
+class TorchDtypeArgument(torch.nn.Module):
+    """A torch.dtype where Triton's JIT takes a triton.language dtype as a constexpr."""
 
+    def forward(self, x):
         out = torch.empty_like(x)
-        desc = TensorDescriptor.from_tensor(x, [16])
-        copy_kernel[(1,)](desc, out, x.numel(), BLOCK=16)
+        copy_kernel[(1,)](x, out, torch.float32, BLOCK=16)
+        return out
+
+
+class ObjectConstexpr(torch.nn.Module):
+    """A constexpr whose value (a plain Python function) no deployable binary can hold."""
+
+    def forward(self, x):
+        out = torch.empty_like(x)
+        copy_kernel[(1,)](x, out, x.numel(), BLOCK=lambda: 16)
         return out
 
 

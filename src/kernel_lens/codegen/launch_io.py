@@ -80,7 +80,7 @@ def launch_io(ir: GraphIR, launch: Launch, version_suffix: str) -> LaunchIO:
     """Node wiring for ``launch``; written values get the name ``f"{value}{version_suffix}"``
     unless the node creates them (fresh allocations keep their name)."""
     kernel = ir.kernels[launch.kernel]
-    missing = [a.name for a in launch.args if kernel.param(a.name).kind == ParamKind.tensor
+    missing = [a.name for a in launch.args if kernel.param(a.name).binds_tensor
                and a.value is not None and a.role is None]
     if missing:
         raise IRError(f"launch {launch.order} ({launch.kernel}): tensor arguments {missing} have no "
@@ -88,7 +88,7 @@ def launch_io(ir: GraphIR, launch: Launch, version_suffix: str) -> LaunchIO:
     io = LaunchIO()
     # (argument, root value whose memory it points into)
     tensor_args = [(a, root_of(ir, a.value)) for a in launch.args
-                   if kernel.param(a.name).kind == ParamKind.tensor and a.value is not None]
+                   if kernel.param(a.name).binds_tensor and a.value is not None]
     written = {r for a, r in tensor_args if a.role in ("output", "inplace")}
     # a write through a view, or a partial write, keeps the rest of the root: it is read too
     read = {r for a, r in tensor_args if a.role in ("input", "inplace") or a.value != r}
@@ -122,7 +122,7 @@ def _written_before(ir: GraphIR, launch: Launch, root: str) -> bool:
             continue
         kernel = ir.kernels[other.kernel]
         for arg in other.args:
-            if (kernel.param(arg.name).kind == ParamKind.tensor and arg.value is not None
+            if (kernel.param(arg.name).binds_tensor and arg.value is not None
                     and arg.role in ("output", "inplace") and root_of(ir, arg.value) == root):
                 return True
     return False

@@ -11,12 +11,16 @@ Per launch (one graph node):
   shape, byte size, and the input holding its initial contents when the kernel writes in place;
 - ``symbols``: which node input and dim each dimension symbol is read from (``(dim - offset) /
   scale``), with its declared range; ``dim_checks``: every other input dim and its expression;
-- ``pointers``: each tensor parameter's node slot and element offset; ``scalars``: runtime
-  (an expression) or baked (a constant), with the C++ type the kernel's ABI converts from;
+- ``pointers``: each tensor parameter's node slot and element offset (a tensor descriptor's
+  base too); ``descriptors``: each tensor descriptor's shape and strides (expressions) and
+  padding; ``scalars``: runtime (an expression) or baked (a constant), with the C++ type the
+  kernel's ABI converts from;
 - ``guards`` and ``dispatch``: which kernel variant runs; ``grid``; ``workspace``: the scratch
   bytes the launch needs at most (over the binaries it may pick), as an expression.
 Per kernel: its binaries in dispatch order, each with the assumptions (``predicates``) it was
-specialized under and its visible ABI arguments.
+specialized under and its visible ABI arguments (a tensor descriptor's parts each one argument:
+a TMA descriptor to encode, with ``tma``'s parameters, or the base pointer, then shapes and
+strides, as Triton's driver passes them).
 """
 
 from __future__ import annotations
@@ -78,6 +82,15 @@ class PointerArg(_Model):
     itemsize: int
 
 
+class DescriptorArg(_Model):
+    """A tensor descriptor: its base is a pointer (``pointers``); these are its own fields."""
+
+    param: str
+    shape: list[SymExpr]
+    strides: list[SymExpr]   # in elements
+    nan: bool                # padding="nan"
+
+
 class ScalarArg(_Model):
     """A scalar parameter: ``expr`` evaluated per call (runtime) or ``constant`` (baked)."""
 
@@ -110,12 +123,25 @@ class AbiArg(_Model):
     name: str           # the parameter
     pointer: bool
     ctype: str          # the ABI's C type (scalars)
+    part: Literal["value", "tma", "shape", "stride", "nan"] = "value"  # of a tensor descriptor
+    dim: Optional[int] = None
+
+
+class TmaPlan(_Model):
+    """How to encode one descriptor's CUtensorMap for a binary (Triton's fill_tma_descriptor)."""
+
+    elem_type: int      # CUtensorMapDataType as the host API numbers it
+    elem_size: int
+    swizzle: int
+    block: list[int]
+    fp4_padded: bool
 
 
 class BinaryPlan(_Model):
     index: int
     predicates: list[Predicate]
     args: list[AbiArg]
+    tma: dict[str, TmaPlan] = {}  # descriptor parameter -> its encoding, when passed as TMA
 
 
 class LaunchPlan(_Model):
@@ -127,6 +153,7 @@ class LaunchPlan(_Model):
     symbols: list[SymbolRead]
     dim_checks: list[DimCheck]
     pointers: list[PointerArg]
+    descriptors: list[DescriptorArg]
     scalars: list[ScalarArg]
     guards: list[Guard]
     dispatch: list[DispatchCase]
@@ -169,14 +196,28 @@ def _binaries(kernel: KernelIR) -> list[BinaryPlan]:
             if abi.hidden:
                 continue
             param = kernel.param(abi.name)
-            pointer = param.kind == ParamKind.tensor
-            if not pointer and param.dtype in (DType.fp16, DType.bf16, DType.fp8e4nv, DType.fp8e5):
+            pointer = param.binds_tensor and abi.part == "value"
+            if param.kind == ParamKind.scalar and param.dtype in (DType.fp16, DType.bf16,
+                                                                 DType.fp8e4nv, DType.fp8e5):
                 raise UnsupportedKernelError(
                     f"kernel {kernel.name}: scalar {abi.name!r} is annotated {param.dtype.value}; "
                     f"only fp32/fp64 float scalars are supported (pass a Python float)")
-            args.append(AbiArg(name=abi.name, pointer=pointer, ctype=abi.c_type))
-        plans.append(BinaryPlan(index=bi, predicates=predicates, args=args))
+            args.append(AbiArg(name=abi.name, pointer=pointer, ctype=abi.c_type, part=abi.part,
+                               dim=abi.dim))
+        descriptors = [p for p in kernel.leaves() if p.kind == ParamKind.tensordesc]
+        tma = {}
+        for param, meta in zip(descriptors, binary.tensordesc_meta or []):
+            if meta is not None:
+                tma[param.name] = TmaPlan(elem_type=_TMA_HOST_TYPE.get(meta.elem_type, meta.elem_type),
+                                          elem_size=meta.elem_size, swizzle=meta.swizzle,
+                                          block=list(meta.block_size), fp4_padded=meta.fp4_padded)
+        plans.append(BinaryPlan(index=bi, predicates=predicates, args=args, tma=tma))
     return plans
+
+
+# Triton numbers the TMA element types on the device side slightly differently from the host
+# API's CUtensorMapDataType (triton/backends/nvidia/driver.py: TMA_DTYPE_DEVICE_TO_HOST).
+_TMA_HOST_TYPE = {8: 10, 9: 8, 10: 9}
 
 
 def _workspace(binaries: list[KernelBinary], grid: list[sympy.Expr]) -> sympy.Expr:
@@ -226,13 +267,17 @@ def plan_launch(ir: GraphIR, index: int, launch: Launch) -> LaunchPlan:
                                   nbytes=_numel_bytes(v.shape, v.dtype.itemsize, names),
                                   copy_from=io.copy_from[root]))
     kernel = ir.kernels[launch.kernel]
-    pointers, scalars = [], []
+    pointers, descriptors, scalars = [], [], []
     for arg in launch.args:
         param = kernel.param(arg.name)
-        if param.kind == ParamKind.tensor and arg.value is not None:
+        if param.binds_tensor and arg.value is not None:
             slot, k = io.bindings[arg.name]
             pointers.append(PointerArg(param=arg.name, slot=slot, index=k, offset=arg.storage_offset,
                                        itemsize=param.dtype.itemsize))
+        if param.kind == ParamKind.tensordesc:
+            descriptors.append(DescriptorArg(param=arg.name, shape=list(arg.desc_shape),
+                                             strides=list(arg.desc_strides),
+                                             nan=arg.constant == "nan"))
         elif param.kind == ParamKind.scalar:
             scalars.append(_scalar(param.dtype, arg))
     dispatch = [DispatchCase(when=dict(d.when), kernel=d.kernel) for d in launch.dispatch] or \
@@ -241,7 +286,7 @@ def plan_launch(ir: GraphIR, index: int, launch: Launch) -> LaunchPlan:
     binaries = [b for case in dispatch for b in ir.kernels[case.kernel].binaries]
     return LaunchPlan(index=index, order=launch.order, kernel=launch.kernel, inputs=inputs,
                       outputs=outputs, symbols=symbols, dim_checks=dim_checks, pointers=pointers,
-                      scalars=scalars, guards=[Guard(name=g, expr=t, kind=_guard_kind(launch, g))
+                      descriptors=descriptors, scalars=scalars, guards=[Guard(name=g, expr=t, kind=_guard_kind(launch, g))
                                                for g, t in launch.guards.items()],
                       dispatch=dispatch, grid=tuple(launch.grid),
                       workspace=format_expr(_workspace(binaries, grid)))

@@ -37,56 +37,72 @@ from triton._C.libtriton import get_cache_invalidating_env_vars
 from triton.compiler import ASTSource
 
 from ..errors import CompilationError
-from ..ir import AbiParam, DType, KernelBinary, KernelIR, ParamKind, Specialization
+from pydantic import ValidationError
+
+from ..ir import AbiParam, DType, KernelBinary, KernelIR, KernelParam, ParamKind, Specialization, TmaMeta
 from ..toolchain import entry_cache
+from . import arguments
 from . import triton_compat as tc
 from .source import resolve_jit
 
 log = logging.getLogger(__name__)
 
 
-def _scalar_type(dtype: DType, spec: Specialization) -> DType:
-    """Integers Triton passed as i32 widen to i64 unless the binary may assume they fit."""
-    if dtype == DType.i32 and not spec.int32:
-        return DType.i64
-    return dtype
-
-
-def _triton_type(dtype: DType) -> str:
-    return "u1" if dtype == DType.i1 else dtype.value
-
-
 def signature_for(kernel: KernelIR, assumptions: dict[str, Specialization]):
-    """Triton's (specialization list, bound constexprs) for a binary under ``assumptions``."""
-    specialization: list[tuple[str, object]] = []
-    bound: dict[str, object] = {}
-    int_types: dict[str, DType] = {}
-    for p in kernel.params:
-        spec = assumptions.get(p.name, Specialization())
-        bound[p.name] = p.constexpr_value
-        if p.kind == ParamKind.constexpr:
-            specialization.append(("constexpr", p.constexpr_value))
-        elif p.kind == ParamKind.tensor:
-            specialization.append(("*" + _triton_type(p.dtype), "D" if spec.aligned16 else ""))
-        elif spec.equal_to_1:
-            specialization.append(("constexpr", 1))
-            bound[p.name] = 1
-        else:
-            ty = _scalar_type(p.dtype, spec)
-            if not ty.is_float and ty != DType.i1:
-                int_types[p.name] = ty
-            key = ("D" if spec.divisible16 else "") if not (ty.is_float or ty == DType.i1) else None
-            specialization.append((_triton_type(ty), key))
-    return specialization, bound, int_types
+    """Triton's (specialization list, bound constexprs, integer types) for a binary of
+    ``kernel`` under ``assumptions`` (:func:`.arguments.rebuild`)."""
+    return arguments.rebuild(kernel, assumptions, jit_resolver(kernel))
 
 
-def _abi(kernel: KernelIR, specialization: list[tuple[str, object]]) -> list[AbiParam]:
-    abi = []
-    for p, (ty, _) in zip(kernel.params, specialization):
+def jit_resolver(kernel: KernelIR):
+    """qualname -> the live @triton.jit function, for functions the kernel takes as constexprs
+    (their sources are among the kernel's helpers)."""
+    helpers = {h.qualname: h for h in kernel.helpers}
+
+    def resolve(qualname: str):
+        if qualname not in helpers:
+            raise CompilationError(f"kernel {kernel.name}: the @triton.jit function {qualname} it "
+                                   f"takes as a constexpr is not among its helpers in the IR")
+        return resolve_jit(helpers[qualname])
+    return resolve
+
+
+_ABI_TYPES = {"u1": "bool", "i1": "bool"}
+
+
+def _abi(kernel: KernelIR, specialization: list, tensordesc_meta: list | None) -> list[AbiParam]:
+    """The entry point's parameters in Triton's flattened order (tuples flattened, constexprs
+    and folded ints left out, each tensor descriptor expanded as Triton's driver expands it)."""
+    abi: list[AbiParam] = []
+    descriptors = 0
+
+    def add(p: KernelParam, ty) -> None:
+        nonlocal descriptors
+        if p.kind == ParamKind.tuple:
+            for item, t in zip(p.items, ty):
+                add(item, t)
+            return
         if ty == "constexpr":
-            continue
-        c_type = "void*" if ty.startswith("*") else DType.i1.c_type if ty == "u1" else DType(ty).c_type
+            return
+        if p.kind == ParamKind.tensordesc:
+            rank = len(p.block_shape)
+            tma = tensordesc_meta is not None and tensordesc_meta[descriptors] is not None
+            descriptors += 1
+            if tma:
+                abi.append(AbiParam(name=p.name, c_type="CUtensorMap", part="tma"))
+            else:
+                abi.append(AbiParam(name=p.name, c_type="void*"))
+                abi.extend(AbiParam(name=p.name, c_type="int64_t", part="shape", dim=d) for d in range(rank))
+                abi.extend(AbiParam(name=p.name, c_type="int64_t", part="stride", dim=d) for d in range(rank))
+                abi.append(AbiParam(name=p.name, c_type="bool", part="nan"))
+            abi.extend(AbiParam(name=p.name, c_type="int32_t", part="shape", dim=d) for d in range(rank))
+            abi.extend(AbiParam(name=p.name, c_type="int64_t", part="stride", dim=d) for d in range(rank))
+            return
+        c_type = "void*" if ty.startswith("*") else _ABI_TYPES.get(ty) or DType(ty).c_type
         abi.append(AbiParam(name=p.name, c_type=c_type))
+
+    for p, (ty, _) in zip(kernel.params, specialization):
+        add(p, ty)
     abi += [AbiParam(name="global_scratch", c_type="void*", hidden=True),
             AbiParam(name="profile_scratch", c_type="void*", hidden=True)]
     return abi
@@ -99,7 +115,7 @@ def ptx_entry_param_count(ptx: str, entry: str) -> int:
     return len(re.findall(r"\.param\s", match.group(1)))
 
 
-_CACHE_SCHEMA = "kernel_lens.aot/1"
+_CACHE_SCHEMA = "kernel_lens.aot/2"
 # What a cache entry keeps of Triton's CompiledKernel: the assembly and the metadata we read.
 _MD_FIELDS = ("name", "num_warps", "num_ctas", "shared", "global_scratch_size", "global_scratch_align",
               "profile_scratch_size", "profile_scratch_align")
@@ -154,7 +170,11 @@ def _read_entry(key: str) -> SimpleNamespace | None:
                 and isinstance(entry["ptx"], str)):
             raise ValueError("fields")
         asm = {"ptx": entry["ptx"], "cubin": base64.b64decode(entry["cubin"], validate=True)}
-    except (ValueError, KeyError, TypeError) as exc:
+        tma = entry["tensordesc_meta"]
+        if tma is not None:
+            md["tensordesc_meta"] = [None if m is None else TmaMeta.model_validate(m).model_dump()
+                                     for m in tma]
+    except (ValueError, KeyError, TypeError, ValidationError) as exc:
         log.warning("kernel binary cache entry for %s is malformed (%s); recompiling it", key[:16],
                     type(exc).__name__)
         return None
@@ -165,6 +185,7 @@ def _write_entry(key: str, compiled) -> None:
     md = compiled.metadata
     entry = {"key": key, "schema": _CACHE_SCHEMA,
              **{k: getattr(md, k, _MD_DEFAULTS.get(k)) for k in _MD_FIELDS},
+             "tensordesc_meta": _tma_meta(md),
              "ptx": compiled.asm["ptx"], "cubin": base64.b64encode(compiled.asm["cubin"]).decode("ascii")}
     entry_cache.write("aot", key, json.dumps(entry, sort_keys=True).encode(), ".json")
 
@@ -195,6 +216,16 @@ def _compile(kernel: KernelIR, src: ASTSource, arch: int, options: dict):
     return compiled
 
 
+def _tma_meta(md) -> list | None:
+    """Triton's ``tensordesc_meta`` (None or [] when no descriptor is lowered to TMA) as plain
+    data: one entry per descriptor parameter, None for one passed as pointer, shape, strides."""
+    meta = getattr(md, "tensordesc_meta", None)
+    if not meta:
+        return None
+    return [None if m is None else {k: (list(v) if isinstance(v, (list, tuple)) else v)
+                                    for k, v in dict(m).items()} for m in meta]
+
+
 def compile_binary(kernel: KernelIR, arch: int, assumptions: dict[str, Specialization],
                    specialized: bool) -> KernelBinary:
     jit_fn = resolve_jit(kernel.source)
@@ -210,7 +241,8 @@ def compile_binary(kernel: KernelIR, arch: int, assumptions: dict[str, Specializ
              "specialized" if specialized else "generic", time.perf_counter() - start)
     md = compiled.metadata
     ptx = compiled.asm["ptx"]
-    abi = _abi(kernel, specialization)
+    tma = _tma_meta(md)
+    abi = _abi(kernel, specialization, tma)
     if ptx_entry_param_count(ptx, md.name) != len(abi):
         raise CompilationError(f"kernel {kernel.name}: PTX entry has "
                                f"{ptx_entry_param_count(ptx, md.name)} params, expected {len(abi)}")
@@ -224,5 +256,7 @@ def compile_binary(kernel: KernelIR, arch: int, assumptions: dict[str, Specializ
         global_scratch_align=md.global_scratch_align,
         profile_scratch_size=getattr(md, "profile_scratch_size", 0),
         profile_scratch_align=getattr(md, "profile_scratch_align", 1),
+        tensordesc_meta=None if tma is None else [None if m is None else TmaMeta.model_validate(m)
+                                                  for m in tma],
         triton_version=triton.__version__,
     )

@@ -22,7 +22,7 @@ from triton.runtime import interpreter
 from triton.runtime.interpreter import InterpretedFunction, InterpreterError
 
 from ..errors import CaptureError, KernelLensError, UnsupportedKernelError
-from . import launchers, tensor_likes
+from . import arguments, interpreter_casts, launchers, tensor_likes
 from . import triton_compat as tc
 from .interpreter_bounds import checked_memory, tensor_ranges
 from .patching import patched as _patched
@@ -110,29 +110,12 @@ def _concrete(kernel: str) -> Callable[[Any], int]:
 
 
 def check_arguments(jit_fn: Any, params: dict[str, Any]) -> None:
-    """Reject argument kinds kernel_lens cannot lift, naming the kernel and the argument."""
+    """Reject argument kinds kernel_lens cannot lift, naming the kernel and the argument
+    (:func:`.arguments.check_arguments`), and tensors on different devices."""
     kernel = kernel_name(jit_fn)
-    devices = set()
-    for name, value in params.items():
-        if isinstance(value, torch.Tensor):
-            devices.add(value.device.type)
-            continue
-        if value is None or isinstance(value, (bool, int, float, str)):
-            continue
-        if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
-            continue
-        kind = type(value).__name__
-        if kind == "TensorDescriptor":
-            hint = "tensor descriptors (TMA) are not supported yet; pass the pointer and strides"
-        elif isinstance(value, (tuple, list)):
-            hint = "tuple/list arguments are not supported; pass each element as its own argument"
-        elif kind == "dtype" or kind.endswith("JITFunction"):
-            if tc.is_constexpr_param(jit_fn, name):
-                continue
-            hint = "pass it as a tl.constexpr parameter"
-        else:
-            hint = "pass tensors, ints, floats, bools or None"
-        raise UnsupportedKernelError(f"kernel {kernel}: argument {name!r} of type {kind}: {hint}")
+    jit = innermost_jit(jit_fn)
+    arguments.check_arguments(jit, kernel, params)
+    devices = {t.device.type for t in arguments.tensors_of(jit, params)}
     if len(devices) > 1:
         raise CaptureError(f"kernel {kernel}: tensor arguments live on different devices {devices}")
 
@@ -250,18 +233,25 @@ def _patch_lang_tensor_numpy2(tensor: Any, scope: Any) -> None:
     scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0].item()))
 
 
-def _scalar_types(jit_fn: Any, specialization: Any, args: tuple, kwargs: dict) -> dict[str, str]:
+def _scalar_types(jit_fn: Any, specialization: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
     """Triton's signature type ('i32', 'u64', 'fp32', 'u1', ...) of each scalar parameter, as
-    Triton's own binder decides it for this launch (annotations included)."""
+    Triton's own binder decides it for this launch (annotations included); a tuple parameter's
+    entry is the tuple of its elements' types."""
     if specialization is None:
         _, specialization, _ = tc.binder_for(jit_fn, 90)(*args, **kwargs)
     return {p.name: ty for p, (ty, _) in zip(jit_fn.params, specialization)
-            if not p.is_constexpr and tc.is_scalar_type(ty)}
+            if not p.is_constexpr and (tc.is_scalar_type(ty) or isinstance(ty, tuple))}
 
 
-def _typed_scalar(kernel: str, name: str, ty: str, value: Any) -> Any:
+def _typed_scalar(kernel: str, name: str, ty: Any, value: Any) -> Any:
     """``value`` as the interpreter's typed scalar of Triton type ``ty`` (what the kernel sees on
-    a GPU: a Python float typed fp32 arrives rounded to fp32, as a tensor with ``.to()``)."""
+    a GPU: a Python float typed fp32 arrives rounded to fp32, as a tensor with ``.to()``);
+    elements of a tuple argument each as their own type."""
+    if isinstance(ty, tuple):
+        items = [_typed_scalar(kernel, f"{name}[{i}]", t, v) for i, (t, v) in enumerate(zip(ty, value))]
+        return type(value)(*items) if arguments.is_namedtuple(value) else tuple(items)
+    if not tc.is_scalar_type(ty):
+        return value
     if isinstance(value, float) and ty.startswith(("i", "u")) and ty != "u1":
         raise CaptureError(f"kernel {kernel}: argument {name!r} is typed {ty} but got the float "
                            f"{value!r}; pass an int")
@@ -305,7 +295,7 @@ def interpret_launch(jit_fn: Any, args: tuple, kwargs: dict, grid: tuple,
             _patched(interpreter, "_patch_lang_tensor", _patch_lang_tensor_numpy2), \
             _patched(interpreter, "_patch_lang", _patch_lang_libdevice), \
             _patched(interpreter.InterpreterBuilder, "create_extern_elementwise",
-                     _extern_elementwise):
+                     _extern_elementwise), interpreter_casts.rounded_casts():
         try:
             with checked_memory(tensor_ranges(params), kernel=kernel):
                 _interpreted_fn(jit_fn).run(grid=grid, warmup=False, **params)

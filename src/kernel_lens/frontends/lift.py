@@ -27,10 +27,10 @@ from ..ir.names import is_identifier, safe_identifier
 from ..ir.symbolic import to_plain_sympy
 from ..ir.kernel import Specialization
 from ..ir.types import dtype_from_torch, dtype_from_triton, DType
-from .aot import compile_binary
+from .aot import compile_binary, jit_resolver
 from .capture import CapturedLaunch, capture, kernel_name
 from .decompose import decompose, needs_decomposition, tensor_args
-from . import size_functions
+from . import arguments, size_functions
 from .source import describe_kernel
 from .trace import LAUNCH_OP, TracedLaunch, trace
 
@@ -84,33 +84,6 @@ def default_arch() -> int:
 
 
 # --- kernels ---------------------------------------------------------------------------------
-def _kernel_params(launch: CapturedLaunch) -> tuple[list[KernelParam], dict[str, Specialization]]:
-    kernel = kernel_name(launch.jit)
-    params, specs = [], {}
-    for i, (p, (ty, key)) in enumerate(zip(launch.jit.params, launch.specialization)):
-        value = launch.params[p.name]
-        if p.is_constexpr or (ty == "constexpr" and value is None):
-            if not (value is None or isinstance(value, (bool, int, float, str))):
-                raise UnsupportedKernelError(
-                    f"kernel {kernel}: constexpr {p.name!r} has value {value!r} of type "
-                    f"{type(value).__name__}; kernel_lens supports int, float, bool, str and None")
-            params.append(KernelParam(name=p.name, index=i, kind=ParamKind.constexpr,
-                                      constexpr_value=value))
-        elif ty == "constexpr":  # an int argument equal to 1, folded by Triton's JIT
-            params.append(KernelParam(name=p.name, index=i, kind=ParamKind.scalar, dtype=DType.i32))
-            specs[p.name] = Specialization(equal_to_1=True, int32=True)
-        elif ty.startswith("*"):
-            params.append(KernelParam(name=p.name, index=i, kind=ParamKind.tensor,
-                                      dtype=dtype_from_triton(ty)))
-            specs[p.name] = Specialization(aligned16=key == "D")
-        else:
-            dtype = dtype_from_triton(ty)
-            params.append(KernelParam(name=p.name, index=i, kind=ParamKind.scalar, dtype=dtype))
-            if not (dtype.is_float or dtype == DType.i1):
-                specs[p.name] = Specialization(divisible16=key == "D", int32=dtype == DType.i32)
-    return params, specs
-
-
 def _options(launch: CapturedLaunch) -> CompileOptions:
     opts = dict(launch.options)
     config = launch.autotune_config
@@ -147,11 +120,14 @@ def build_kernels(captured: list[CapturedLaunch]) -> tuple[dict[str, KernelIR], 
             raise UnsupportedKernelError(
                 f"kernel {name!r}: name {bad[0]!r} is not an ASCII identifier; kernel and parameter "
                 f"names reach generated C++, so rename it to letters, digits and underscores")
-        source, helpers = describe_kernel(launch.jit, name)
-        params, specs = _kernel_params(launch)
+        jit_functions: list = []
+        params, specs = arguments.kernel_params(launch.jit, name, launch.params,
+                                                launch.specialization, jit_functions)
+        source, helpers = describe_kernel(launch.jit, name, jit_functions)
         digest = hashlib.sha256(repr((source.qualname, key[1:])).encode()).hexdigest()[:8]
         by_key[key] = KernelIR(id=f"{name}_{digest}", name=name, source=source, helpers=helpers,
                                params=params, specialization=specs, options=options)
+        arguments.check_round_trip(by_key[key], launch.specialization, jit_resolver(by_key[key]))
     counts: dict[str, int] = {}
     for k in by_key.values():
         counts[k.name] = counts.get(k.name, 0) + 1
@@ -173,7 +149,7 @@ def apply_role_overrides(kernels: dict[str, KernelIR], roles: dict[str, dict[str
                     param = k.param(pname)
                 except KeyError as exc:
                     raise UnsupportedKernelError(f"roles override: {exc.args[0]}") from None
-                if param.kind != ParamKind.tensor:
+                if not param.binds_tensor:
                     raise UnsupportedKernelError(f"roles override: kernel {kname} parameter "
                                                  f"{pname!r} is not a tensor")
                 param.role, param.role_source = Role(role), "override"
@@ -480,15 +456,26 @@ class _GraphBuilder:
         traced, captured = self.traced[index], self.captured[index]
         kernel = self.kernels[self.launch_kernels[index]]
         tensor_nodes = iter(node.args[1])
+        values = {name: value for name, value, _ in arguments.walk_values(captured.jit, traced.args)}
         args = []
-        for p in kernel.params:
-            value = traced.args[p.name]
+        for p in kernel.leaves():
+            value = values[p.name]
             what = f"kernel {kernel.name} argument {p.name!r}"
-            if isinstance(value, torch.Tensor):
-                ref = next(tensor_nodes)
+            if p.kind == ParamKind.tensordesc:
+                base = value.base
                 args.append(LaunchArg(
                     name=p.name, role=p.role.value if p.role else None,
-                    value=self.alias.get(ref.name, ref.name),
+                    value=self._tensor_ref(next(tensor_nodes)),
+                    shape=[self.syms.expr(s, what) for s in base.shape],
+                    strides=[self.syms.expr(s, what) for s in base.stride()],
+                    storage_offset=self.syms.expr(base.storage_offset(), what),
+                    desc_shape=[self.syms.expr(s, what) for s in value.shape],
+                    desc_strides=[self.syms.expr(s, what) for s in value.strides],
+                    constant=value.padding))
+            elif isinstance(value, torch.Tensor):
+                args.append(LaunchArg(
+                    name=p.name, role=p.role.value if p.role else None,
+                    value=self._tensor_ref(next(tensor_nodes)),
                     shape=[self.syms.expr(s, what) for s in value.shape],
                     strides=[self.syms.expr(s, what) for s in value.stride()],
                     storage_offset=self.syms.expr(value.storage_offset(), what)))
@@ -507,6 +494,9 @@ class _GraphBuilder:
                     for when, kid in self.variants.get(index, [])]
         return Launch(order=order, kernel=kernel.id, grid=grid, args=args,
                       captured_grid=captured.grid, guards=guards, dispatch=dispatch)
+
+    def _tensor_ref(self, ref: torch.fx.Node) -> str:
+        return self.alias.get(ref.name, ref.name)
 
 
 def _op_name(target: Any) -> str:

@@ -110,9 +110,11 @@ def describe(jit_fn: Any, kernel: str) -> tuple[SourceInfo, list[Any]]:
     return info, called
 
 
-def describe_kernel(jit_fn: Any, kernel: str) -> tuple[SourceInfo, list[SourceInfo]]:
-    """The kernel's SourceInfo and those of every helper it calls, transitively."""
+def describe_kernel(jit_fn: Any, kernel: str, passed: list | None = None) -> tuple[SourceInfo, list[SourceInfo]]:
+    """The kernel's SourceInfo and those of every helper it calls, transitively; ``passed``
+    adds @triton.jit functions the launch passes as constexprs (and what they call)."""
     info, todo = describe(jit_fn, kernel)
+    todo = [*todo, *(passed or [])]
     helpers: dict[str, SourceInfo] = {}
     seen = {info.qualname}
     while todo:

@@ -146,10 +146,23 @@ class Tokens:
 
 def replace(names: list[str], args: tuple, kwargs: dict, convert: Any) -> tuple[tuple, dict]:
     """``args``/``kwargs`` of a kernel with parameters ``names``, every tensor-like argument
-    replaced by ``convert(obj, name)``."""
-    if not any(is_tensor_like(v) for v in (*args, *kwargs.values())):
+    (inside tuple arguments too) replaced by ``convert(obj, name)``."""
+    if not any(_has_tensor_like(v) for v in (*args, *kwargs.values())):
         return args, kwargs
-    new_args = tuple(convert(v, names[i] if i < len(names) else f"#{i}") if is_tensor_like(v)
-                     else v for i, v in enumerate(args))
-    new_kwargs = {k: convert(v, k) if is_tensor_like(v) else v for k, v in kwargs.items()}
+    new_args = tuple(_replace(v, names[i] if i < len(names) else f"#{i}", convert)
+                     for i, v in enumerate(args))
+    new_kwargs = {k: _replace(v, k, convert) for k, v in kwargs.items()}
     return new_args, new_kwargs
+
+
+def _has_tensor_like(value: Any) -> bool:
+    if isinstance(value, tuple):
+        return any(_has_tensor_like(v) for v in value)
+    return is_tensor_like(value)
+
+
+def _replace(value: Any, name: str, convert: Any) -> Any:
+    if isinstance(value, tuple):
+        items = [_replace(v, f"{name}[{i}]", convert) for i, v in enumerate(value)]
+        return type(value)(*items) if hasattr(type(value), "_fields") else tuple(items)
+    return convert(value, name) if is_tensor_like(value) else value

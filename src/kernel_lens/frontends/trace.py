@@ -24,7 +24,7 @@ import torch
 from .._gc import paused_then_frozen
 from ..errors import (DynamicConstexprError, KernelLensError, SymbolicError, TraceError,
                       UnsupportedKernelError)
-from . import launchers, size_functions, tensor_likes
+from . import arguments, launchers, size_functions, tensor_likes
 from . import triton_compat as tc
 from .capture import (CapturedLaunch, _normalize_grid, _patched, check_arguments, handle_info,
                       innermost_jit, kernel_name, launch_handle, patched_handles)
@@ -135,11 +135,12 @@ class _Tracer:
                 if value != captured.params[p.name]:
                     raise TraceError(f"kernel {kernel}: constexpr {p.name!r} differs between eager "
                                      f"({captured.params[p.name]}) and trace ({value})")
-            elif isinstance(value, torch.Tensor) and isinstance(captured.params[p.name], torch.Tensor):
-                continue
-            elif isinstance(value, (torch.SymFloat, torch.SymBool)):
+        jit = innermost_jit(jit_fn)
+        annotated = {p.name for p in jit.params if p.is_constexpr}
+        for name, value, _ in arguments.walk_values(jit, params):
+            if name not in annotated and isinstance(value, (torch.SymFloat, torch.SymBool)):
                 raise UnsupportedKernelError(
-                    f"kernel {kernel}: scalar {p.name!r} is a symbolic float/bool ({value}); only "
+                    f"kernel {kernel}: scalar {name!r} is a symbolic float/bool ({value}); only "
                     f"integer scalars may depend on dynamic dimensions"
                 )
         try:
@@ -151,7 +152,7 @@ class _Tracer:
                              f"{_first_line(exc)}; grids must depend on sizes only, not on "
                              f"tensor values") from exc
         sym_grid = _normalize_grid(grid_value, kernel, lambda g: _grid_entry(g, kernel))
-        tensors = [v for v in params.values() if isinstance(v, torch.Tensor)]
+        tensors = arguments.tensors_of(jit, params)
         self.launches.append(TracedLaunch(sym_grid, params, guards, domains))
         LAUNCH_OP(len(self.launches) - 1, tensors)
 

@@ -2,13 +2,15 @@
 
 from .graph import (SCHEMA_VERSION, ConstantData, ConstArg, Dispatch, GraphIR, Launch, LaunchArg,
                     ListArg, SymArg, TensorValue, TorchOp, ValueArg, json_schema)
-from .kernel import (AbiParam, CompileOptions, KernelBinary, KernelIR, KernelParam, ParamKind,
-                     Role, SourceInfo, Specialization)
+from .kernel import (AbiParam, CompileOptions, ConstexprValue, DTypeValue, JitValue, KernelBinary,
+                     KernelIR, KernelParam, ParamKind, Role, SourceInfo, Specialization, TmaMeta,
+                     TupleValue)
 from .symbolic import SymbolInfo, SymExpr, evaluate, format_expr, inexact_reason, parse, symbol
 from .types import DType
 
 __all__ = [
-    "SCHEMA_VERSION", "AbiParam", "Dispatch", "CompileOptions", "ConstantData", "ConstArg", "DType", "GraphIR",
+    "SCHEMA_VERSION", "AbiParam", "Dispatch", "CompileOptions", "ConstantData", "ConstArg",
+    "ConstexprValue", "DType", "DTypeValue", "GraphIR", "JitValue", "TmaMeta", "TupleValue",
     "KernelBinary", "KernelIR", "KernelParam", "Launch", "LaunchArg", "ListArg", "ParamKind",
     "Role", "SourceInfo", "Specialization", "SymArg", "SymbolInfo", "SymExpr", "TensorValue",
     "TorchOp", "ValueArg", "evaluate", "format_expr", "inexact_reason", "json_schema", "parse",

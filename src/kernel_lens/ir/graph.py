@@ -14,12 +14,12 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from ..errors import IRError, SymbolicError
 from ..fileio import atomic_write
-from .kernel import Base64Bytes, KernelIR
+from .kernel import Base64Bytes, ConstexprValue, KernelIR
 from .names import Identifier, MAX_NAME
 from .symbolic import SymbolInfo, SymExpr, parse, symbol
 from .types import DType
 
-SCHEMA_VERSION = "1.2"
+SCHEMA_VERSION = "1.3"
 
 
 class _Model(BaseModel):
@@ -33,7 +33,7 @@ def _one_nan(value: object) -> object:
     return math.nan if isinstance(value, float) and value != value else value
 
 
-ScalarConstant = Annotated[Union[bool, int, float, str, None], AfterValidator(_one_nan)]
+ScalarConstant = Annotated[ConstexprValue, AfterValidator(_one_nan)]
 
 
 class TensorValue(_Model):
@@ -101,11 +101,17 @@ class LaunchArg(_Model):
         default=None, description="integer scalars: the value as an expression of graph dims"
     )
     constant: ScalarConstant = Field(
-        default=None, description="float/bool scalars and constexprs: the value"
+        default=None, description="float/bool scalars and constexprs: the value; tensor "
+        "descriptors: the padding ('zero' or 'nan')"
     )
     shape: list[SymExpr] | None = Field(default=None, description="tensors: shape at the launch")
     strides: list[SymExpr] | None = Field(default=None, description="tensors: strides, in elements")
     storage_offset: SymExpr | None = Field(default=None, description="tensors: offset, in elements")
+    desc_shape: list[SymExpr] | None = Field(
+        default=None, description="tensor descriptors: the descriptor's shape (of the tensor it "
+        "reads, from `value`'s storage offset on)")
+    desc_strides: list[SymExpr] | None = Field(
+        default=None, description="tensor descriptors: the descriptor's strides, in elements")
 
 
 class Dispatch(_Model):

@@ -30,9 +30,41 @@ Base64Bytes = Annotated[
 
 
 class ParamKind(str, Enum):
-    tensor = "tensor"
-    scalar = "scalar"
-    constexpr = "constexpr"
+    """What one parameter of the kernel's Python signature (or one element of a tuple argument)
+    is, as Triton's JIT binder types it."""
+
+    tensor = "tensor"  # a pointer: a torch tensor (or an object with data_ptr())
+    scalar = "scalar"  # an int, float or bool passed at run time
+    constexpr = "constexpr"  # baked into the binary: tl.constexpr, None, a tl.dtype, a @jit fn
+    tuple = "tuple"  # a tuple (or named tuple) argument: its elements are ``items``
+    tensordesc = "tensordesc"  # a host tensor descriptor (triton.tools.tensor_descriptor), TMA
+
+
+class DTypeValue(_Model):
+    """A ``triton.language`` dtype passed as a constexpr (``tl.float32``, ``tl.float8e4nv``, ...)."""
+
+    dtype: str = Field(pattern=r"^[a-z0-9]+$", max_length=16,
+                       description="Triton's name of the dtype, as tl.dtype(name) takes it "
+                       "('fp32', 'bf16', 'fp8e4nv', 'i1', ...)")
+
+
+class JitValue(_Model):
+    """A ``@triton.jit`` function passed as a constexpr (an activation the caller chooses)."""
+
+    jit: str = Field(max_length=1024,
+                     description="its module-qualified name; its source is in KernelIR.helpers")
+
+
+class TupleValue(_Model):
+    """A tuple (or named tuple) constexpr value."""
+
+    items: list["ConstexprValue"]
+    fields: list[Identifier] | None = Field(default=None, description="a named tuple's fields")
+    type_name: Identifier | None = Field(default=None, description="a named tuple's class name")
+
+
+ConstexprValue = Union[bool, int, float, str, None, DTypeValue, JitValue, TupleValue]
+TupleValue.model_rebuild()
 
 
 class Role(str, Enum):
@@ -73,20 +105,56 @@ class Specialization(_Model):
 
 
 class KernelParam(_Model):
-    """One parameter of the kernel's Python signature, in signature order."""
+    """One parameter of the kernel's Python signature, in signature order; a tuple argument
+    holds its elements as ``items`` (recursively). Every name is unique within the kernel: an
+    element of a tuple is named after its path (``strides_1_0`` for ``strides[1][0]``)."""
 
     name: Identifier
-    index: int = Field(description="position in the Python signature")
+    index: int = Field(description="position in the Python signature, or in the enclosing tuple")
     kind: ParamKind
     dtype: DType | None = Field(
         default=None,
-        description="tensor: element type; scalar: exact scalar type (i32, i64, fp32, i1, ...)",
+        description="tensor and tensordesc: element type; scalar: exact scalar type (i32, i64, "
+        "fp32, i1, ...)",
     )
     role: Role | None = Field(default=None, description="tensors only; set by role inference")
     role_source: Literal["inferred", "override"] | None = None
-    constexpr_value: Union[bool, int, float, str, None] = Field(
+    constexpr_value: ConstexprValue = Field(
         default=None, description="value of a constexpr parameter (None also means None)"
     )
+    items: list["KernelParam"] = Field(default_factory=list, description="tuple: its elements")
+    fields: list[Identifier] | None = Field(default=None, description="named tuple: its fields")
+    type_name: Identifier | None = Field(default=None, description="named tuple: its class name")
+    block_shape: list[int] | None = Field(
+        default=None, description="tensordesc: the block shape (part of the descriptor's type)")
+
+    @model_validator(mode="after")
+    def _shape(self) -> "KernelParam":
+        if self.items and self.kind != ParamKind.tuple:
+            raise ValueError(f"parameter {self.name}: only tuples have items")
+        if [p.index for p in self.items] != list(range(len(self.items))):
+            raise ValueError(f"tuple parameter {self.name}: items must be listed in order")
+        if self.fields is not None and len(self.fields) != len(self.items):
+            raise ValueError(f"named tuple parameter {self.name}: {len(self.fields)} fields for "
+                             f"{len(self.items)} items")
+        if (self.kind == ParamKind.tensordesc) != (self.block_shape is not None):
+            raise ValueError(f"parameter {self.name}: a block shape belongs to tensor descriptors")
+        return self
+
+    @property
+    def binds_tensor(self) -> bool:
+        """A tensor or a tensor descriptor: bound to a tensor value of the graph at a launch."""
+        return self.kind in (ParamKind.tensor, ParamKind.tensordesc)
+
+    def walk(self) -> "list[KernelParam]":
+        """This parameter and, for a tuple, every element beneath it, depth first."""
+        out = [self]
+        for item in self.items:
+            out += item.walk()
+        return out
+
+
+KernelParam.model_rebuild()
 
 
 class CompileOptions(_Model):
@@ -108,8 +176,25 @@ class AbiParam(_Model):
     """One parameter of the compiled entry point, in ABI order."""
 
     name: Identifier = Field(description="kernel parameter name, or 'global_scratch'/'profile_scratch'")
-    c_type: Literal[C_TYPES] = Field(description="'void*' for pointers, else the exact C scalar type")
+    c_type: Literal[C_TYPES] = Field(description="'void*' for pointers, 'CUtensorMap' for a TMA "
+                                     "descriptor, else the exact C scalar type")
     hidden: bool = Field(default=False, description="Triton's hidden trailing scratch pointers")
+    part: Literal["value", "tma", "shape", "stride", "nan"] = Field(
+        default="value", description="a tensor descriptor expands into several entry parameters "
+        "(Triton's driver: a TMA descriptor or the base pointer, then shapes and strides): which "
+        "part of parameter `name` this one is; 'value' for every other parameter")
+    dim: int | None = Field(default=None, description="shape/stride parts: the dimension")
+
+
+class TmaMeta(_Model):
+    """How a binary takes one tensor descriptor as a TMA descriptor (Triton's
+    ``metadata.tensordesc_meta`` entry); the launcher encodes a CUtensorMap with these."""
+
+    swizzle: int
+    elem_size: int
+    elem_type: int = Field(description="the CUtensorMapDataType the device code expects")
+    block_size: list[int]
+    fp4_padded: bool = False
 
 
 class KernelBinary(_Model):
@@ -138,6 +223,9 @@ class KernelBinary(_Model):
     global_scratch_align: int = 1
     profile_scratch_size: int = 0
     profile_scratch_align: int = 1
+    tensordesc_meta: list[TmaMeta] | None = Field(
+        default=None, description="per tensor-descriptor parameter (in order), how this binary "
+        "takes it as a TMA descriptor; None: each is passed as base pointer, shape and strides")
     triton_version: str
 
 
@@ -162,10 +250,19 @@ class KernelIR(_Model):
     def _params_in_order(self) -> "KernelIR":
         if [p.index for p in self.params] != list(range(len(self.params))):
             raise ValueError(f"kernel {self.name}: params must be listed in signature order")
+        names = [p.name for top in self.params for p in top.walk()]
+        if len(set(names)) != len(names):
+            raise ValueError(f"kernel {self.name}: parameter names must be unique")
         return self
 
+    def leaves(self) -> list[KernelParam]:
+        """The parameters a launch binds, in signature order with tuples flattened: every
+        tensor, scalar, constexpr and tensor descriptor (tuples themselves are not listed)."""
+        return [p for top in self.params for p in top.walk() if p.kind != ParamKind.tuple]
+
     def param(self, name: str) -> KernelParam:
-        for p in self.params:
-            if p.name == name:
-                return p
+        for top in self.params:
+            for p in top.walk():
+                if p.name == name:
+                    return p
         raise KeyError(f"kernel {self.name} has no parameter {name!r}")

@@ -22,7 +22,7 @@ Identifier = Annotated[str, Field(pattern=IDENTIFIER_PATTERN, min_length=1, max_
 
 # C types a kernel ABI parameter may have (they are printed into generated C++ as they are).
 C_TYPES = ("void*", "bool", "int8_t", "int16_t", "int32_t", "int64_t", "uint8_t", "uint16_t",
-           "uint32_t", "uint64_t", "float", "double")
+           "uint32_t", "uint64_t", "float", "double", "CUtensorMap")
 
 
 def is_identifier(text: object) -> bool:

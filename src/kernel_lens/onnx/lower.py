@@ -562,7 +562,7 @@ class Lowering:
         kernel = self.ir.kernels[launch.kernel]
         where = f"launch {launch.order} ({launch.kernel})"
         for arg in launch.args:
-            if arg.value is None or kernel.param(arg.name).kind != ParamKind.tensor:
+            if arg.value is None or not kernel.param(arg.name).binds_tensor:
                 continue
             if arg.role is None:
                 raise KernelLensError(

@@ -14,12 +14,94 @@ import ast
 import builtins
 from typing import Iterable
 
+from dataclasses import dataclass
+from typing import Union
+
 from ..errors import PostconditionError, RoleInferenceError
-from ..ir import GraphIR, KernelIR, ParamKind, Role, SourceInfo
+from ..ir import GraphIR, JitValue, KernelIR, KernelParam, ParamKind, Role, SourceInfo, TupleValue
 from .base import Pass, PassContext, PassResult
 
 Sources = frozenset[str]
 EMPTY: Sources = frozenset()
+
+
+@dataclass(frozen=True)
+class TupleVal:
+    """A tuple value (a tuple argument, a tuple literal): its elements' values, kept apart so
+    ``ptrs[0]`` and ``x, y = ptrs`` reach one element; named tuples keep their fields."""
+
+    items: tuple
+    fields: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class FnVal:
+    """A @triton.jit function held in a variable (a constexpr argument such as an activation)."""
+
+    qualname: str
+
+
+Value = Union[Sources, TupleVal, FnVal]
+
+
+def flat(v: Value) -> Sources:
+    """Every parameter a value may point into."""
+    if isinstance(v, TupleVal):
+        return frozenset().union(*(flat(i) for i in v.items)) if v.items else EMPTY
+    if isinstance(v, FnVal):
+        return EMPTY
+    return v
+
+
+def join(a: Value, b: Value) -> Value:
+    if a == b:
+        return a
+    if isinstance(a, TupleVal) and isinstance(b, TupleVal) and len(a.items) == len(b.items):
+        return TupleVal(tuple(join(x, y) for x, y in zip(a.items, b.items)),
+                        a.fields if a.fields == b.fields else None)
+    if isinstance(a, FnVal) and b == EMPTY or isinstance(b, FnVal) and a == EMPTY:
+        return a if isinstance(a, FnVal) else b  # unbound before the assignment: keep the function
+    return flat(a) | flat(b)
+
+
+def _key(v: Value) -> tuple:
+    if isinstance(v, TupleVal):
+        return ("t", tuple(_key(i) for i in v.items), v.fields)
+    if isinstance(v, FnVal):
+        return ("f", v.qualname)
+    return ("s", tuple(sorted(v)))
+
+
+def _param_value(p: KernelParam) -> Value:
+    """A parameter's value on entry: its own name for tensors (and descriptors), the function
+    for a @triton.jit constexpr, the elements' values for a tuple."""
+    if p.binds_tensor:
+        return frozenset({p.name})
+    if p.kind == ParamKind.tuple:
+        return TupleVal(tuple(_param_value(i) for i in p.items),
+                        tuple(p.fields) if p.fields is not None else None)
+    if p.kind == ParamKind.constexpr:
+        return _constant_value(p.constexpr_value)
+    return EMPTY
+
+
+def _constant_value(value: object) -> Value:
+    if isinstance(value, JitValue):
+        return FnVal(value.jit)
+    if isinstance(value, TupleValue):
+        return TupleVal(tuple(_constant_value(i) for i in value.items),
+                        tuple(value.fields) if value.fields is not None else None)
+    return EMPTY
+
+
+def _index(node: ast.expr) -> int | None:
+    """A constant integer subscript (``t[1]``, ``t[-1]``), or None."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant) \
+            and isinstance(node.operand.value, int):
+        return -node.operand.value
+    return None
 
 _READ = {"load"}
 _WRITE = {"store"}
@@ -45,12 +127,12 @@ class _Analysis:
         self.reads: set[str] = set()
         self.writes: set[str] = set()
         self.opaque: dict[str, str] = {}  # param -> why its role cannot be proven
-        self.memo: dict[tuple, Sources] = {}
+        self.memo: dict[tuple, Value] = {}
         self.active: set[tuple] = set()
 
     # --- functions ---------------------------------------------------------------------------
-    def function(self, source: SourceInfo, args: dict[str, Sources]) -> Sources:
-        key = (source.qualname, tuple(sorted((k, tuple(sorted(v))) for k, v in args.items())))
+    def function(self, source: SourceInfo, args: dict[str, Value]) -> Value:
+        key = (source.qualname, tuple(sorted((k, _key(v)) for k, v in args.items())))
         if key in self.memo:
             return self.memo[key]
         if key in self.active:
@@ -66,8 +148,8 @@ class _Analysis:
         return body.returns
 
     def run(self) -> dict[str, Role]:
-        tensors = [p.name for p in self.kernel.params if p.kind == ParamKind.tensor]
-        self.function(self.kernel.source, {t: frozenset({t}) for t in tensors})
+        tensors = [p.name for p in self.kernel.leaves() if p.binds_tensor]
+        self.function(self.kernel.source, {p.name: _param_value(p) for p in self.kernel.params})
         roles = {}
         for t in tensors:
             r, w = t in self.reads, t in self.writes
@@ -81,15 +163,15 @@ class _Body:
     def __init__(self, analysis: _Analysis, source: SourceInfo) -> None:
         self.a = analysis
         self.source = source
-        self.returns: Sources = EMPTY
+        self.returns: Value = EMPTY
 
     # --- statements ----------------------------------------------------------------------------
-    def block(self, stmts: Iterable[ast.stmt], env: dict[str, Sources]) -> dict[str, Sources]:
+    def block(self, stmts: Iterable[ast.stmt], env: dict[str, Value]) -> dict[str, Value]:
         for s in stmts:
             env = self.stmt(s, env)
         return env
 
-    def stmt(self, s: ast.stmt, env: dict[str, Sources]) -> dict[str, Sources]:
+    def stmt(self, s: ast.stmt, env: dict[str, Value]) -> dict[str, Value]:
         if isinstance(s, ast.Assign):
             value = self.expr(s.value, env)
             for target in s.targets:
@@ -99,11 +181,11 @@ class _Body:
         elif isinstance(s, ast.AugAssign):
             value = self.expr(s.value, env)
             if isinstance(s.target, ast.Name):
-                env[s.target.id] = env.get(s.target.id, EMPTY) | value
+                env[s.target.id] = join(env.get(s.target.id, EMPTY), flat(value))
         elif isinstance(s, ast.Expr):
             self.expr(s.value, env)
         elif isinstance(s, ast.Return) and s.value is not None:
-            self.returns = self.returns | self.expr(s.value, env)
+            self.returns = join(self.returns, self.expr(s.value, env))
         elif isinstance(s, ast.If):
             self.expr(s.test, env)
             env = _join(self.block(s.body, dict(env)), self.block(s.orelse, dict(env)))
@@ -126,23 +208,28 @@ class _Body:
             self.expr(s.test, env)
         return env
 
-    def assign(self, target: ast.expr, value_node: ast.expr, value: Sources, env: dict) -> None:
+    def assign(self, target: ast.expr, value_node: ast.expr, value: Value, env: dict) -> None:
         if isinstance(target, ast.Name):
             env[target.id] = value
         elif isinstance(target, (ast.Tuple, ast.List)):
             if isinstance(value_node, (ast.Tuple, ast.List)) and len(value_node.elts) == len(target.elts):
                 for t, v in zip(target.elts, value_node.elts):
                     self.assign(t, v, self.expr(v, env), env)
+            elif isinstance(value, TupleVal) and len(value.items) == len(target.elts):
+                for t, v in zip(target.elts, value.items):
+                    self.assign(t, value_node, v, env)
             else:
                 for t in target.elts:
-                    self.assign(t, value_node, value, env)
+                    self.assign(t, value_node, flat(value), env)
 
     # --- expressions ---------------------------------------------------------------------------
-    def expr(self, e: ast.expr | None, env: dict[str, Sources]) -> Sources:
+    def expr(self, e: ast.expr | None, env: dict[str, Value]) -> Value:
         if e is None:
             return EMPTY
         if isinstance(e, ast.Name):
             return env.get(e.id, EMPTY)
+        if isinstance(e, (ast.Tuple, ast.List)):
+            return TupleVal(tuple(self.expr(x, env) for x in e.elts))
         if isinstance(e, ast.Call):
             return self.call(e, env)
         if isinstance(e, ast.Compare):
@@ -155,18 +242,24 @@ class _Body:
                 self.expr(v, env)
             return EMPTY
         if isinstance(e, ast.Attribute):
-            self.expr(e.value, env)
+            base = self.expr(e.value, env)
+            if isinstance(base, TupleVal) and base.fields is not None and e.attr in base.fields:
+                return base.items[base.fields.index(e.attr)]  # a named tuple's field
             return EMPTY  # .dtype, .shape, .T of values: metadata, not memory
         if isinstance(e, ast.Subscript):
             self.expr(e.slice, env)
-            return self.expr(e.value, env)
+            base = self.expr(e.value, env)
+            i = _index(e.slice)
+            if isinstance(base, TupleVal) and i is not None and -len(base.items) <= i < len(base.items):
+                return base.items[i]
+            return flat(base)
         if isinstance(e, ast.IfExp):
             self.expr(e.test, env)
-            return self.expr(e.body, env) | self.expr(e.orelse, env)
+            return join(self.expr(e.body, env), self.expr(e.orelse, env))
         out = EMPTY
         for child in ast.iter_child_nodes(e):
             if isinstance(child, ast.expr):
-                out = out | self.expr(child, env)
+                out = out | flat(self.expr(child, env))
         return out
 
     def _resolve(self, func: ast.expr) -> str | None:
@@ -187,14 +280,16 @@ class _Body:
             return "tl:" + rest.rsplit(".", 1)[-1]
         return None
 
-    def call(self, e: ast.Call, env: dict[str, Sources]) -> Sources:
+    def call(self, e: ast.Call, env: dict[str, Value]) -> Value:
         args = [self.expr(a, env) for a in e.args]
         kwargs = {k.arg: self.expr(k.value, env) for k in e.keywords if k.arg}
-        every = frozenset().union(*args, *kwargs.values()) if (args or kwargs) else EMPTY
-        target = self._resolve(e.func)
+        every = frozenset().union(*map(flat, args), *map(flat, kwargs.values())) \
+            if (args or kwargs) else EMPTY
+        held = env.get(e.func.id) if isinstance(e.func, ast.Name) else None
+        target = f"jit:{held.qualname}" if isinstance(held, FnVal) else self._resolve(e.func)
 
         def operand(position: int, keyword: str) -> Sources:
-            return args[position] if len(args) > position else kwargs.get(keyword, EMPTY)
+            return flat(args[position] if len(args) > position else kwargs.get(keyword, EMPTY))
 
         if target and target.startswith("tl:"):
             fn = target[3:]
@@ -230,7 +325,7 @@ class _Body:
         if isinstance(func, ast.Attribute) and not (
                 isinstance(func.value, ast.Name) and func.value.id not in env):
             # A method on a value: descriptor/block-pointer loads and stores, casts, reductions.
-            base = self.expr(func.value, env)
+            base = flat(self.expr(func.value, env))
             if func.attr == "load":
                 self.a.reads |= base
                 return EMPTY
@@ -255,8 +350,8 @@ class _Body:
             self.a.opaque.setdefault(p, f"in {self.source.qualname}: {why}")
 
 
-def _join(a: dict[str, Sources], b: dict[str, Sources]) -> dict[str, Sources]:
-    return {k: a.get(k, EMPTY) | b.get(k, EMPTY) for k in a.keys() | b.keys()}
+def _join(a: dict[str, Value], b: dict[str, Value]) -> dict[str, Value]:
+    return {k: join(a.get(k, EMPTY), b.get(k, EMPTY)) for k in a.keys() | b.keys()}
 
 
 def infer_roles(kernel: KernelIR) -> dict[str, Role]:
@@ -266,7 +361,7 @@ def infer_roles(kernel: KernelIR) -> dict[str, Role]:
         roles = analysis.run()
     except SyntaxError as exc:
         raise RoleInferenceError(f"kernel {kernel.name}: cannot parse its source: {exc}") from None
-    overrides = {p.name: p.role for p in kernel.params if p.role_source == "override"}
+    overrides = {p.name: p.role for p in kernel.leaves() if p.role_source == "override"}
     unresolved = {p: why for p, why in analysis.opaque.items() if p not in overrides}
     if unresolved:
         lines = "\n".join(f"  {p}: {why}" for p, why in sorted(unresolved.items()))
@@ -297,7 +392,7 @@ class RoleInference(Pass):
             kernel = ir.kernels[launch.kernel]
             for arg in launch.args:
                 p = kernel.param(arg.name)
-                if p.kind == ParamKind.tensor and arg.value is not None:
+                if p.binds_tensor and arg.value is not None:
                     arg.role = p.role.value
         return PassResult(ir, modified)
 

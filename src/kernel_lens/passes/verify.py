@@ -11,16 +11,16 @@ def verify(ir: GraphIR) -> None:
     for kid, kernel in ir.kernels.items():
         if kid != kernel.id:
             raise IRError(f"kernel stored under {kid!r} has id {kernel.id!r}")
-        names = [p.name for p in kernel.params]
+        names = [p.name for p in kernel.leaves()]
         for pname in kernel.specialization:
             if pname not in names:
                 raise IRError(f"kernel {kid}: specialization of unknown parameter {pname!r}")
         if not kernel.binaries:
             raise IRError(f"kernel {kid}: no compiled binary")
         for b in kernel.binaries:
-            visible = [a.name for a in b.abi if not a.hidden]
+            visible = [a.name for a in b.abi if not a.hidden and a.part in ("value", "tma")]
             folded = {n for n, s in b.assumptions.items() if s.equal_to_1}
-            runtime = [p.name for p in kernel.params
+            runtime = [p.name for p in kernel.leaves()
                        if p.kind != ParamKind.constexpr and p.name not in folded]
             if visible != runtime:
                 raise IRError(f"kernel {kid} sm_{b.arch}: ABI {visible} does not match the "
@@ -36,11 +36,11 @@ def verify(ir: GraphIR) -> None:
             raise IRError(f"kernel {kid} is not launched by any launch")
     for launch in ir.launches:
         kernel = ir.kernels[launch.kernel]
-        if [a.name for a in launch.args] != [p.name for p in kernel.params]:
+        if [a.name for a in launch.args] != [p.name for p in kernel.leaves()]:
             raise IRError(f"launch {launch.order}: arguments do not match kernel {kernel.id}'s "
                           f"parameters")
-        for arg, p in zip(launch.args, kernel.params):
-            if p.kind == ParamKind.tensor:
+        for arg, p in zip(launch.args, kernel.leaves()):
+            if p.binds_tensor:
                 if arg.value not in ir.values:
                     raise IRError(f"launch {launch.order}: argument {arg.name} refers to unknown "
                                   f"tensor {arg.value!r}")
@@ -52,6 +52,11 @@ def verify(ir: GraphIR) -> None:
                                   f"differs from kernel parameter role {p.role.value}")
             elif p.kind == ParamKind.scalar and arg.expr is None and arg.constant is None:
                 raise IRError(f"launch {launch.order}: scalar {arg.name} has no value")
+            if p.kind == ParamKind.tensordesc and not (
+                    arg.desc_shape is not None and arg.desc_strides is not None
+                    and len(arg.desc_shape) == len(arg.desc_strides) == len(p.block_shape)):
+                raise IRError(f"launch {launch.order}: tensor descriptor {arg.name} needs a shape "
+                              f"and strides of rank {len(p.block_shape)}")
     orders = [n.order for n in ir.nodes()]
     if len(set(orders)) != len(orders):
         raise IRError("two nodes share one program-order position")

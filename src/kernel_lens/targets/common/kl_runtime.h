@@ -62,6 +62,14 @@ struct Driver {
   CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream) = nullptr;
   CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream) = nullptr;
   CUresult (*cuCtxGetId)(CUcontext, unsigned long long*) = nullptr;  // CUDA 12.0+
+  // CUDA 12.0+, looked up but optional: only kernels that take TMA descriptors need it.
+  CUresult (*cuTensorMapEncodeTiled)(void*, int, unsigned, void*, const uint64_t*, const uint64_t*,
+                                     const unsigned*, const unsigned*, int, int, int, int) = nullptr;
+};
+
+// CUtensorMap: the 128-byte, 64-byte aligned TMA descriptor a kernel takes by value.
+struct alignas(64) CUtensorMap {
+  uint64_t opaque[16];
 };
 
 // Errors are plain strings; empty means success. Each target converts them to its own status.
@@ -120,6 +128,7 @@ inline const Driver* driver(Status* error) {
     need("cuMemcpyDtoDAsync_v2", &d.cuMemcpyDtoDAsync);
     need("cuMemsetD8Async", &d.cuMemsetD8Async);
     need("cuCtxGetId", &d.cuCtxGetId);
+    load_symbol(lib, "cuTensorMapEncodeTiled", &d.cuTensorMapEncodeTiled);  // optional, see above
     if (missing != nullptr) {
       load_error = "kernel_lens: the CUDA driver " + path + " lacks the entry point " + missing +
                    "; update the NVIDIA driver (CUDA 12.0 or newer is required)";
@@ -359,6 +368,40 @@ inline Status copy_device(const Driver& d, LaunchContext& ctx, char* dst, const 
   KL_CHECK(d, d.cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(dst), reinterpret_cast<CUdeviceptr>(src),
                                   bytes, ctx.stream()),
            "kernel_lens: copying an in-place tensor (cuMemcpyDtoDAsync)");
+  return {};
+}
+
+// Encodes the TMA descriptor of a host tensor descriptor exactly as Triton's launcher does
+// (triton/backends/nvidia/driver.c: fillTMADescriptor): dimensions innermost first, byte
+// strides of every dimension but the innermost, unit element strides, no interleave, 128-byte
+// L2 promotion, and NaN out-of-bounds fill for padding="nan".
+inline Status encode_tma(const Driver& d, CUtensorMap* map, const char* kernel, const char* param,
+                         int elem_type, int elem_size, int rank, const void* base, const int64_t* shape,
+                         const int64_t* strides, std::initializer_list<int> block, int swizzle, bool nan,
+                         bool fp4_padded) {
+  const std::string where = std::string("kernel ") + kernel + ": tensor descriptor " + param;
+  if (d.cuTensorMapEncodeTiled == nullptr)
+    return where + ": the CUDA driver lacks cuTensorMapEncodeTiled (CUDA 12.0 or newer is required)";
+  if (rank < 1 || rank > 5 || static_cast<int>(block.size()) != rank) return where + ": rank out of range";
+  uint64_t dims[5] = {0, 0, 0, 0, 0}, byte_strides[5] = {0, 0, 0, 0, 0};
+  unsigned box[5] = {0, 0, 0, 0, 0}, element_strides[5] = {1, 1, 1, 1, 1};
+  int i = 0;
+  for (int b : block) box[rank - i++ - 1] = static_cast<unsigned>(b);
+  for (i = 0; i < rank; ++i) {
+    int64_t extent = shape[i];
+    if (fp4_padded && i == rank - 1) extent *= 2;
+    if (extent < 0 || strides[i] < 0) return where + ": negative shape or stride";
+    dims[rank - i - 1] = static_cast<uint64_t>(extent);
+  }
+  for (i = 0; i + 1 < rank; ++i) byte_strides[rank - i - 2] = static_cast<uint64_t>(elem_size) * static_cast<uint64_t>(strides[i]);
+  if (strides[rank - 1] != 1)
+    return where + ": its innermost stride is " + std::to_string(strides[rank - 1]) + ", TMA needs 1";
+  const CUresult r = d.cuTensorMapEncodeTiled(map, elem_type, static_cast<unsigned>(rank), const_cast<void*>(base),
+                                              dims, byte_strides, box, element_strides, /*interleave none*/ 0,
+                                              swizzle, /*L2 promotion 128B*/ 2, nan ? 1 : 0);
+  if (r != 0)
+    return where + ": cuTensorMapEncodeTiled failed with " + result_name(d, r) +
+           " (TMA needs a 16-byte aligned base and byte strides that are multiples of 16)";
   return {};
 }
 
