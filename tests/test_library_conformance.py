@@ -13,6 +13,7 @@ from conftest import ROOT
 
 CASES = ["fla_l2norm", "fla_layer_norm", "fla_chunk_local_cumsum", "fla_rotary",
          "torchlib_custom_op", "torchlib_triton_op", "fla_group_norm"]
+# fla_group_norm: a constexpr with 32 values over the declared range, one binary each
 
 
 def test_library_cases_compile_or_fail_in_one_typed_line(tmp_path):
@@ -24,11 +25,7 @@ def test_library_cases_compile_or_fail_in_one_typed_line(tmp_path):
     data = json.loads(out.read_text())
     results = {r["case"]: r["compile"] for r in (data["results"] if isinstance(data, dict) else data)}
     assert set(results) == set(CASES)
-    for case in CASES[:-1]:
+    for case in CASES:
         result = results[case]
         assert result["status"] == "compiled", (case, result.get("message"))
         assert result.get("matches_reference", True), (case, result.get("max_abs_diff"))
-    # a constexpr with 32 values over the declared range: refused in one typed line
-    refused = results["fla_group_norm"]
-    assert refused["status"] == "error" and refused["type"] == "DynamicConstexprError"
-    assert "\n" not in refused["message"] and "at most 16" in refused["message"]

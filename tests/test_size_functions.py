@@ -44,16 +44,31 @@ def test_too_many_values_is_refused_with_working_subranges():
         def forward(self, x):
             out = torch.empty_like(x)
             n = x.shape[0]
-            corpus.blocked_scale_kernel[(1,)](x, out, n, NB=1, BLOCK=triton.next_power_of_2(n))
+            corpus.blocked_scale_kernel[(1,)](x, out, n, NB=n // 8192 + 1, BLOCK=64)
             return out
 
-    n = torch.export.Dim("n", min=2, max=1 << 20)
+    n = torch.export.Dim("n", min=2, max=1 << 20)  # NB takes 129 values: above the cap of 64
     with pytest.raises(DynamicConstexprError) as err:
         kl.compile(Model(), (torch.randn(100),), dynamic_shapes=({0: n},), arch=90)
     text = str(err.value)
-    assert "\n" not in text and "constexpr 'BLOCK'" in text and "x.shape[0]" in text
-    assert "[65, 128] -> 128" in text  # a sub-range with one binary, the captured size's
+    assert "\n" not in text and "constexpr 'NB'" in text and "x.shape[0]" in text
+    assert "at most 64 binaries" in text and "values in [1, 129]" in text
     assert err.value.dims == [("x", 0)]
+
+
+def test_a_constexpr_with_many_values_gets_one_binary_each():
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            out = torch.empty_like(x)
+            n = x.shape[0]
+            corpus.blocked_scale_kernel[(1,)](x, out, n, NB=n // 64 + 1, BLOCK=64)
+            return out
+
+    n = torch.export.Dim("n", min=2, max=2047)  # NB takes 32 values: 32 binaries
+    ir = kl.lift(Model(), (torch.randn(100),), dynamic_shapes=({0: n},), arch=90)
+    (launch,) = ir.launches
+    assert sorted(d.when["NB"] for d in launch.dispatch) == list(range(1, 33))
+    assert {ir.kernels[d.kernel].param("NB").constexpr_value for d in launch.dispatch} == set(range(1, 33))
 
 
 def test_unbounded_range_names_the_dim_to_bound():

@@ -155,6 +155,9 @@ def apply_role_overrides(kernels: dict[str, KernelIR], roles: dict[str, dict[str
                 param.role, param.role_source = Role(role), "override"
 
 
+MAX_VARIANTS = 128  # binaries one launch may dispatch between (constexprs computed from sizes)
+
+
 def guard_variants(captured: list[CapturedLaunch], traced: list[TracedLaunch]):
     """For launches whose constexprs are booleans of dynamic dims (heuristics), one captured
     launch per combination of those booleans, so a binary exists for every input size."""
@@ -163,11 +166,11 @@ def guard_variants(captured: list[CapturedLaunch], traced: list[TracedLaunch]):
         names = sorted(tr.guards)
         domains = [tr.domains.get(n, (False, True)) for n in names]
         count = math.prod(len(d) for d in domains)
-        if count > 32:
+        if count > MAX_VARIANTS:
             raise UnsupportedKernelError(
                 f"kernel {kernel_name(cap.jit)}: constexprs {names} depend on dynamic dims and "
-                f"together need {count} binaries; at most 32 are supported: narrow the Dim "
-                f"ranges or mark dims static")
+                f"together need {count} binaries; at most {MAX_VARIANTS} per launch are compiled: "
+                f"narrow the Dim ranges or mark dims static")
         for values in itertools.product(*domains):
             when = dict(zip(names, values))
             params = {**cap.params, **when}

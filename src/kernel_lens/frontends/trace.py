@@ -172,7 +172,7 @@ class _Tracer:
         return tuner.fn.run(*args, **kwargs, **config.all_kwargs())
 
 
-MAX_CONSTEXPR_VALUES = 16  # binaries one constexpr computed from sizes may need
+MAX_CONSTEXPR_VALUES = 64  # binaries one constexpr computed from sizes may need
 
 
 def _constexpr_values(kernel: str, name: str, value: Any, captured: Any) -> list[int]:
