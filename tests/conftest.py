@@ -197,22 +197,22 @@ def with_reference_kernels(ir, model, impls: dict):
     model = onnx.ModelProto.FromString(model.SerializeToString())
     opset = next(o.version for o in model.opset_import if o.domain == "")
     done = set()
-    for launch in ir.launches:
+    for graph, launch in [(g, launch) for g in ir.graphs() for launch in g.launches]:
         if launch.kernel in done:
             continue
         done.add(launch.kernel)
-        io = launch_io(ir, launch, f"__{launch.order}")
+        io = launch_io(graph, launch, f"__{launch.order}")
         read, write = {}, {}
         for arg in launch.args:
             if arg.value is None or arg.name not in io.bindings:
                 continue
-            root = root_of(ir, arg.value)
+            root = root_of(graph, arg.value)
             if root in io.inputs:
                 read[arg.name] = f"in{io.inputs.index(root)}"
             kind, index = io.bindings[arg.name]
             if kind == "out":
                 write[arg.name] = f"out{index}"
-        nodes = impls[ir.kernels[launch.kernel].name](read, write)
+        nodes = impls[graph.kernels[launch.kernel].name](read, write)
         model.functions.append(helper.make_function(
             DOMAIN, launch.kernel, [f"in{i}" for i in range(len(io.inputs))],
             [f"out{i}" for i in range(len(io.outputs))], nodes,

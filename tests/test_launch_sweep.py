@@ -11,7 +11,12 @@ computes, from the IR alone:
   divisibility by 16, value 1, int32 range) hold for these pointers and values, after guard
   dispatch;
 - every parameter's bytes in ABI order: pointers (node buffer + storage offset), scalars packed
-  as the chosen binary's C type, the scratch pointers (NULL when the kernel needs none);
+  as the chosen binary's C type, the scratch pointers (NULL when the kernel needs none), a tensor
+  descriptor's parts (its TMA descriptor as the fake driver records the encoding's arguments,
+  then its shape and strides);
+
+A model split by size (``ir.pieces``) is swept piece by piece, each launch at sizes inside its
+piece (launches are numbered piece after piece, as the library numbers them).
 
 and asserts the recorded launch, the loaded image (FNV-1a of the chosen binary's cubin) and the
 block size. Out-of-range sizes and inconsistent dims must be refused with nothing launched.
@@ -71,13 +76,22 @@ class Model:
         path = next(p for p in corpus_files() if p.stem == stem)
         module = load_module(path)
         inputs = tuple(t.clone() for t in module.example_inputs)
-        self.ir = kl.compile(module.model, inputs, dynamic_shapes=module.dynamic_shapes, arch=90,
-                             roles=getattr(module, "roles", None)).ir
+        self.top = kl.compile(module.model, inputs, dynamic_shapes=module.dynamic_shapes, arch=90,
+                              roles=getattr(module, "roles", None)).ir
+        self.ir = self.top.graphs()[0]
         launches = tmp / "kl_launches.cpp"
-        launches.write_text(render_launches(self.ir))
+        launches.write_text(render_launches(self.top))
         self.exe = tmp / "harness"
         _build([_tool("g++", "c++"), "-std=c++17", "-O1", *WARNINGS, "-DKL_HARNESS_GENERATED",
                 f"-I{RUNTIME}", str(FAKE / "harness.cpp"), str(launches), "-o", str(self.exe), "-ldl"])
+
+    def graphs(self):
+        """(graph, number of its first launch in the library) of each graph that runs."""
+        out, offset = [], 0
+        for graph in self.top.graphs():
+            out.append((graph, offset))
+            offset += len(graph.launches)
+        return out
 
     # ---- what the IR says a launch must do ------------------------------------------------------
     def expected(self, index: int, values: dict[str, int], offsets: list[int]):
@@ -131,6 +145,7 @@ class Model:
     def run(self, fake: Path, index: int, shapes: list[list[int]], itemsizes: list[int],
             offsets: list[int], param_sizes: list[int], tmp: Path) -> dict[str, str]:
         spec = tmp / f"spec_{index}.txt"
+        index += getattr(self, "offset", 0)  # the launch's number in the library
         lines = [f"launch {index}", "arch 9 0", f"param_sizes {len(param_sizes)} "
                  + " ".join(map(str, param_sizes))]
         for shape, size, off in zip(shapes, itemsizes, offsets):
@@ -161,7 +176,7 @@ def _check_launch(model: Model, fake: Path, index: int, values: dict[str, int], 
         assert "break an assumption every compiled binary makes" in out.get("status", ""), out
         assert out["launches"] == "0"
         return "refused"
-    sizes = [8 if a.c_type == "void*" else struct.calcsize(_PACK[a.c_type]) for a in binary.abi]
+    sizes = [_size(a.c_type) for a in binary.abi]
     out = model.run(fake, index, model.shapes(io, values), itemsizes, offsets, sizes, tmp)
     where = f"{ir.name} launch {index} at {values}{' misaligned' if misalign else ''}"
     assert out.get("status", "") == "" and "exception" not in out, (where, out)
@@ -181,7 +196,9 @@ def _check_launch(model: Model, fake: Path, index: int, values: dict[str, int], 
             else:
                 want += bytes(8)
             continue
-        if a.c_type == "void*":
+        if a.part != "value":  # a tensor descriptor's part
+            want += _descriptor_part(a, binary, kernel, args[a.name], io, out, names, values)
+        elif a.c_type == "void*":
             kind, i = io.bindings[a.name]
             offset = evaluate(parse(args[a.name].storage_offset, names), values) * \
                 kernel.param(a.name).dtype.itemsize
@@ -195,10 +212,47 @@ def _check_launch(model: Model, fake: Path, index: int, values: dict[str, int], 
     return "specialized" if binary.specialized else "generic"
 
 
+_TMA_HOST_TYPE = {8: 10, 9: 8, 10: 9}  # Triton's device numbering -> CUtensorMapDataType
+
+
+def _size(c_type: str) -> int:
+    return 8 if c_type == "void*" else 128 if c_type == "CUtensorMap" else struct.calcsize(_PACK[c_type])
+
+
+def _descriptor_part(a, binary, kernel, arg, io, out, names, values) -> bytes:
+    """A tensor descriptor's entry parameter: its shape or stride (the descriptor's, evaluated),
+    its NaN padding flag, or its TMA descriptor as the fake driver records the encoding."""
+    shape = [evaluate(parse(e, names), values) for e in arg.desc_shape]
+    strides = [evaluate(parse(e, names), values) for e in arg.desc_strides]
+    if a.part == "shape":
+        return struct.pack(_PACK[a.c_type], shape[a.dim])
+    if a.part == "stride":
+        return struct.pack(_PACK[a.c_type], strides[a.dim])
+    if a.part == "nan":
+        return struct.pack("<?", arg.constant == "nan")
+    descriptors = [p.name for p in kernel.leaves() if p.binds_tensor and p.block_shape is not None]
+    meta = binary.tensordesc_meta[descriptors.index(a.name)]
+    kind, i = io.bindings[a.name]
+    itemsize = kernel.param(a.name).dtype.itemsize
+    address = _pointer_of(out, kind, i) + evaluate(parse(arg.storage_offset, names), values) * itemsize
+    rank = len(shape)
+    dims = list(reversed(shape)) + [0] * (5 - rank)
+    if meta.fp4_padded:
+        dims[0] *= 2
+    byte_strides = [meta.elem_size * s for s in reversed(strides[:-1])] + [0] * (5 - rank)
+    box = list(reversed(meta.block_size)) + [0] * (5 - rank)
+    element_strides = [1] * rank + [0] * (5 - rank)
+    header = bytes([_TMA_HOST_TYPE.get(meta.elem_type, meta.elem_type), rank, 0, meta.swizzle, 2,
+                    int(arg.constant == "nan"), 0, 0])
+    return (header + struct.pack("<Q", address) + struct.pack("<5Q", *dims)
+            + struct.pack("<4Q", *byte_strides[:4]) + struct.pack("<5I", *box)
+            + struct.pack("<5I", *element_strides))
+
+
 def _diff(abi, got: bytes, want: bytes) -> str:
     at, parts = 0, []
     for a in abi:
-        n = 8 if a.c_type == "void*" else struct.calcsize(_PACK[a.c_type])
+        n = _size(a.c_type)
         if got[at:at + n] != want[at:at + n]:
             parts.append(f"{a.name} ({a.c_type}): got {got[at:at + n].hex()} want {want[at:at + n].hex()}")
         at += n
@@ -226,10 +280,12 @@ _STEMS = [p.stem for p in corpus_files()]
 def test_generated_launches_match_the_ir_at_many_sizes(stem, fake_driver, tmp_path):
     model = Model(stem, tmp_path)
     seen = set()
-    for values in _assignments(model):
-        for index in range(len(model.ir.launches)):
-            seen.add(_check_launch(model, fake_driver, index, values, tmp_path))
-            seen.add(_check_launch(model, fake_driver, index, values, tmp_path, misalign=True))
+    for graph, offset in model.graphs():  # each piece of a model split by size
+        model.ir, model.offset = graph, offset
+        for values in _assignments(model):
+            for index in range(len(model.ir.launches)):
+                seen.add(_check_launch(model, fake_driver, index, values, tmp_path))
+                seen.add(_check_launch(model, fake_driver, index, values, tmp_path, misalign=True))
     assert seen
 
 

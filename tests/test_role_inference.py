@@ -174,3 +174,77 @@ def test_tensor_descriptor_methods():
             b.store([0], a.load([0]))
         """, ["a_ptr", "b_ptr"])
     assert roles(k) == {"a_ptr": "input", "b_ptr": "output"}
+
+
+def _tuple_kernel(text: str, tuple_params: dict, helpers=(), callees=None, constexprs=None) -> KernelIR:
+    """A kernel whose parameters are tuples of tensors (``tuple_params``: name -> element kinds,
+    't' a tensor, 's' a scalar, or a (fields, kinds) pair for a named tuple) and constexprs."""
+    params = []
+    for i, (name, spec) in enumerate(tuple_params.items()):
+        fields, kinds = spec if isinstance(spec, tuple) else (None, spec)
+        items = [KernelParam(name=f"{name}_{j}", index=j,
+                             kind=ParamKind.tensor if k == "t" else ParamKind.scalar,
+                             dtype=DType.fp32 if k == "t" else DType.i32)
+                 for j, k in enumerate(kinds)]
+        params.append(KernelParam(name=name, index=i, kind=ParamKind.tuple, items=items,
+                                  fields=fields, type_name="T" if fields else None))
+    for name, value in (constexprs or {}).items():
+        params.append(KernelParam(name=name, index=len(params), kind=ParamKind.constexpr,
+                                  constexpr_value=value))
+    return KernelIR(id="kernel", name="kernel", source=_source(text, callees=callees),
+                    helpers=list(helpers), params=params)
+
+
+def test_tuple_elements_keep_their_own_roles():
+    k = _tuple_kernel("""
+        def kernel(ptrs, meta):
+            x_ptr, y_ptr = ptrs[0], ptrs[1]
+            a, b, c = meta
+            tl.store(ptrs[2], tl.load(x_ptr) + tl.load(y_ptr))
+            tl.store(c, tl.load(c) + tl.load(a))
+        """, {"ptrs": "ttt", "meta": "tst"})
+    assert roles(k) == {"ptrs_0": "input", "ptrs_1": "input", "ptrs_2": "output",
+                        "meta_0": "input", "meta_2": "inplace"}
+
+
+def test_named_tuple_fields_and_tuples_through_helpers():
+    helper = _source("""
+        def store_into(pair, v):
+            tl.store(pair.dst, v)
+            return pair.src
+        """, qualname="m.store_into")
+    k = _tuple_kernel("""
+        def kernel(pair, other):
+            src = store_into(pair, 1.0)
+            tl.store(other[-1], tl.load(src))
+        """, {"pair": (["src", "dst"], "tt"), "other": "tt"}, helpers=[helper],
+        callees={"store_into": "jit:m.store_into"})
+    assert roles(k) == {"pair_0": "input", "pair_1": "output", "other_0": "input", "other_1": "output"}
+
+
+def test_jit_function_constexprs_are_followed_where_they_are_called():
+    from kernel_lens.ir import JitValue
+
+    writer = _source("""
+        def write_one(p):
+            tl.store(p, 1.0)
+        """, qualname="m.write_one")
+    k = _tuple_kernel("""
+        def kernel(ptrs, FN):
+            apply(FN, ptrs[1])
+            tl.load(ptrs[0])
+        """, {"ptrs": "tt"}, helpers=[writer, _source("""
+        def apply(f, p):
+            f(p)
+        """, qualname="m.apply")], callees={"apply": "jit:m.apply"},
+        constexprs={"FN": JitValue(jit="m.write_one")})
+    assert roles(k) == {"ptrs_0": "input", "ptrs_1": "output"}
+
+
+def test_a_tuple_indexed_by_a_variable_is_every_element():
+    k = _tuple_kernel("""
+        def kernel(ptrs):
+            for i in tl.static_range(2):
+                tl.store(ptrs[i], 0.0)
+        """, {"ptrs": "tt"})
+    assert roles(k) == {"ptrs_0": "output", "ptrs_1": "output"}

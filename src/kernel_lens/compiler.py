@@ -347,10 +347,16 @@ def check_autotune(autotune: dict | None, ir: GraphIR) -> None:
     listing the kernels (an override that matched nothing would be ignored without a word)."""
     if not autotune:
         return
-    launched = sorted({k.name for k in ir.kernels.values()})
-    tuned = sorted({k.name for k in ir.kernels.values() if k.options.autotune_config is not None})
+    kernels = ir.all_kernels().values()
+    launched = sorted({k.name for k in kernels})
+    tuned = sorted({k.name for k in kernels if k.options.autotune_config is not None})
     for name in autotune:
-        matches = [k for k in ir.kernels.values() if name in (k.name, k.id)]
+        matches = [k for k in kernels if name == k.name]
+        by_id = [k for k in kernels if name == k.id]
+        if by_id and not matches:  # capture picks configs by the kernel's Python name
+            raise InputError(f"autotune names kernel {reprlib.repr(name)} by its IR id; name it by "
+                             f"its Python name {by_id[0].name!r} (the config applies to every "
+                             f"launch of that kernel)")
         if not matches:
             raise InputError(f"autotune names kernel {reprlib.repr(name)}, which the model does not "
                              f"launch; its kernels: {', '.join(launched) or 'none'}; autotuned: "

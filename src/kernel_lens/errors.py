@@ -23,6 +23,16 @@ class TraceError(KernelLensError):
     """The symbolic trace (torch.export) could not express the model."""
 
 
+class SizeBranchError(TraceError):
+    """The forward's Python code branches on sizes inside the declared ranges: ``branches``
+    lists each condition on one size (where it holds), so the range can be split into pieces
+    (:mod:`kernel_lens.frontends.size_pieces`); uncaught, its message is torch's refusal."""
+
+    def __init__(self, message: str, branches: list):
+        super().__init__(message)
+        self.branches = branches
+
+
 class DynamicConstexprError(TraceError):
     """A constexpr depends on a dynamic dim; ``dims`` lists the (input name, dim) pairs it
     depends on, so ``dynamic=True`` can make exactly those static and trace again."""

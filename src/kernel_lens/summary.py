@@ -52,20 +52,10 @@ def _type(ir: GraphIR, name: str) -> str:
     return f"{v.dtype.value}[{', '.join(pretty(s, ir.symbols) for s in v.shape)}]"
 
 
-def summarize(ir: GraphIR, timings: Iterable = ()) -> str:
+def _graph_lines(ir: GraphIR) -> list[str]:
+    """The body (ops and launches in program order) and the kernels of one graph."""
     names = list(ir.symbols)
-    out = [f"graph {ir.name}  (sm_{ir.arch}, IR schema {ir.schema_version})",
-           f"  passes run: {', '.join(ir.passes_run) or '(none)'}"]
-    out.append("symbols:")
-    for n, s in ir.symbols.items():
-        hi = "inf" if s.max is None else s.max
-        out.append(f"  {n} = {ir.inputs[s.input]}.shape[{s.dim}]   range [{s.min}, {hi}]   "
-                   f"(captured: {s.example})")
-    out.append("inputs:")
-    out += [f"  %{n}: {_type(ir, n)}" for n in ir.inputs]
-    if ir.constants:
-        out.append("constants:")
-        out += [f"  %{n}: {_type(ir, n)}" for n in ir.constants]
+    out: list[str] = []
     out.append("body:")
     for node in ir.nodes():
         if isinstance(node, TorchOp):
@@ -111,6 +101,33 @@ def summarize(ir: GraphIR, timings: Iterable = ()) -> str:
             assumed = [f"{n}:{f}" for n, spec in b.assumptions.items()
                        for f in ("aligned16", "divisible16", "equal_to_1", "int32") if getattr(spec, f)]
             out.append(f"      assumes: {', '.join(assumed) or 'nothing'}")
+    return out
+
+
+def summarize(ir: GraphIR, timings: Iterable = ()) -> str:
+    names = list(ir.symbols)
+    out = [f"graph {ir.name}  (sm_{ir.arch}, IR schema {ir.schema_version})",
+           f"  passes run: {', '.join(ir.passes_run) or '(none)'}"]
+    out.append("symbols:")
+    for n, s in ir.symbols.items():
+        hi = "inf" if s.max is None else s.max
+        out.append(f"  {n} = {ir.inputs[s.input]}.shape[{s.dim}]   range [{s.min}, {hi}]   "
+                   f"(captured: {s.example})")
+    out.append("inputs:")
+    out += [f"  %{n}: {_type(ir, n)}" for n in ir.inputs]
+    if ir.constants:
+        out.append("constants:")
+        out += [f"  %{n}: {_type(ir, n)}" for n in ir.constants]
+    if ir.pieces:
+        out.append(f"pieces: the model's Python code branches on sizes; the first piece whose "
+                   f"sizes match runs")
+        for k, piece in enumerate(ir.pieces):
+            when = " or ".join(", ".join(f"{s} in [{lo}, {hi}]" for s, (lo, hi) in box.ranges.items())
+                               or "any size" for box in piece.when)
+            out.append(f"piece {k}: {when}")
+            out += ["  " + line for line in _graph_lines(piece.graph)]
+    else:
+        out += _graph_lines(ir)
     timings = list(timings)
     if timings:
         out.append("pass timings:")

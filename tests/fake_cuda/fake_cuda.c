@@ -40,7 +40,7 @@ enum {
 #define MAX_MODULES 64
 #define MAX_LAUNCHES 64
 #define MAX_PARAMS 64  /* liger kernels take 30+ */
-#define PARAM_BYTES 512
+#define PARAM_BYTES 1024  /* TMA descriptors take 128 each */
 #define IMAGE_BYTES 16
 
 struct fail_rule { char name[64]; int result; };
@@ -75,7 +75,7 @@ static struct {
   int nparam_sizes;
   struct launch launches[MAX_LAUNCHES];
   int nlaunches;
-  int copies, memsets;
+  int copies, memsets, tensor_maps;
 } S;
 
 EXPORT void fake_reset(void) {
@@ -345,6 +345,30 @@ EXPORT CUresult cuLaunchKernel(CUfunction fn, unsigned gx, unsigned gy, unsigned
     l->param_bytes += size;
   }
   ++S.nlaunches;
+  return OK;
+}
+
+/* A CUtensorMap is opaque; the fake writes the encoding's arguments into its 128 bytes so tests
+ * can check them: bytes 0-5 data type, rank, interleave, swizzle, L2 promotion, OOB fill (u8
+ * each), 8 the address (u64), 16 the 5 global dims (u64), 56 the 4 global byte strides (u64),
+ * 88 the 5 box dims (u32), 108 the 5 element strides (u32); unused entries are 0. */
+EXPORT CUresult cuTensorMapEncodeTiled(void* map, int type, unsigned rank, void* address,
+                                       const uint64_t* dims, const uint64_t* strides,
+                                       const unsigned* box, const unsigned* element_strides,
+                                       int interleave, int swizzle, int l2, int fill) {
+  FAIL_IF_TOLD("cuTensorMapEncodeTiled");
+  if (map == NULL || rank < 1 || rank > 5) return ERR_INVALID_VALUE;
+  unsigned char* m = (unsigned char*)map;
+  memset(m, 0, 128);
+  m[0] = (unsigned char)type, m[1] = (unsigned char)rank, m[2] = (unsigned char)interleave;
+  m[3] = (unsigned char)swizzle, m[4] = (unsigned char)l2, m[5] = (unsigned char)fill;
+  uint64_t addr = (uint64_t)(uintptr_t)address;
+  memcpy(m + 8, &addr, 8);
+  memcpy(m + 16, dims, 8 * (size_t)rank);
+  memcpy(m + 56, strides, 8 * (size_t)(rank - 1));
+  memcpy(m + 88, box, 4 * (size_t)rank);
+  memcpy(m + 108, element_strides, 4 * (size_t)rank);
+  ++S.tensor_maps;
   return OK;
 }
 

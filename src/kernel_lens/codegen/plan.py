@@ -298,8 +298,15 @@ def _guard_kind(launch: Launch, name: str) -> str:
 
 
 def build_plan(ir: GraphIR) -> ModelPlan:
-    """The launch plan of every launch of ``ir`` and the binaries of every kernel they run."""
-    launches = [plan_launch(ir, i, launch) for i, launch in enumerate(ir.launches)]
+    """The launch plan of every launch of ``ir`` and the binaries of every kernel they run; for a
+    model split by size, every piece's launches, numbered piece after piece (as the ONNX
+    lowering numbers its launch nodes)."""
+    launches = []
+    for graph in ir.graphs():
+        offset = len(launches)
+        launches += [plan_launch(graph, offset + i, launch) for i, launch in enumerate(graph.launches)]
+    kernels = ir.all_kernels()
     used = dict.fromkeys(case.kernel for p in launches for case in p.dispatch)
-    return ModelPlan(name=ir.name, symbols=list(ir.symbols), launches=launches,
-                     kernels={k: _binaries(ir.kernels[k]) for k in used})
+    symbols = list(dict.fromkeys(s for g in [ir, *ir.graphs()] for s in g.symbols))
+    return ModelPlan(name=ir.name, symbols=symbols, launches=launches,
+                     kernels={k: _binaries(kernels[k]) for k in used})

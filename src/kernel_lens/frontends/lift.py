@@ -30,7 +30,7 @@ from ..ir.types import dtype_from_torch, dtype_from_triton, DType
 from .aot import compile_binary, jit_resolver
 from .capture import CapturedLaunch, capture, kernel_name
 from .decompose import decompose, needs_decomposition, tensor_args
-from . import arguments, size_functions
+from . import arguments, size_functions, size_pieces
 from .source import describe_kernel
 from .trace import LAUNCH_OP, TracedLaunch, trace
 
@@ -558,7 +558,10 @@ def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes:
     as traced. (The driver, :func:`kernel_lens.compiler.lift`, passes the ONNX lowering's.)
 
     ``dynamic=True`` makes every input dim that can vary dynamic (``Dim.AUTO``) instead of
-    ``dynamic_shapes``; the ranges torch settled on are logged and are the IR's ``symbols``."""
+    ``dynamic_shapes``; the ranges torch settled on are logged and are the IR's ``symbols``.
+
+    A forward whose Python code branches on a size inside the declared range is lifted piece by
+    piece (:mod:`.size_pieces`): the result then has ``pieces``, one graph per part of the range."""
     example_inputs = check_example_inputs(example_inputs)
     if dynamic and dynamic_shapes is not None:
         raise InputError("pass either dynamic=True or dynamic_shapes, not both (dynamic=True "
@@ -570,10 +573,38 @@ def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes:
     if not callable(model):
         raise InputError(f"model must be a torch.nn.Module or a callable, got {type(model).__name__}")
     display = name or getattr(model, "__name__", None) or type(model).__name__
+
+    def lift_one(inputs: tuple, shapes: Any) -> tuple[GraphIR, Any]:
+        return _lift_graph(model, inputs, shapes, arch=arch, roles=roles, autotune=autotune,
+                           display=display, dynamic=dynamic, translatable=translatable)
+
+    ir, outputs = size_pieces.lift_in_pieces(lift_one, tuple(example_inputs), dynamic_shapes,
+                                             _input_names(model, len(example_inputs)))
+    if dynamic:
+        log.info("dynamic=True settled on:\n%s", describe_dims(ir))
+    return ir, outputs
+
+
+def _input_names(model: Callable, count: int) -> list[str]:
+    """The forward's argument names (``args[i]`` for positional-only or unknown ones)."""
+    forward = model.forward if isinstance(model, torch.nn.Module) else model
+    try:
+        names = [p.name for p in inspect.signature(forward).parameters.values()
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        names = []
+    return [names[i] if i < len(names) else f"args[{i}]" for i in range(count)]
+
+
+def _lift_graph(model: Callable, example_inputs: tuple, dynamic_shapes: Any, *, arch: int,
+                roles: dict, autotune: dict | None, display: str, dynamic: bool,
+                translatable: Callable[[str], bool] | None) -> tuple[GraphIR, Any]:
+    """Capture, trace and AOT-compile one graph (see :func:`lift_with_outputs`)."""
     captured = capture(model, tuple(example_inputs), arch, autotune)
     while True:
         try:
-            program, traced = trace(model, tuple(example_inputs), dynamic_shapes, captured.launches)
+            program, traced = trace(model, tuple(example_inputs), dynamic_shapes,
+                                    captured.launches)
             break
         except DynamicConstexprError as exc:  # dynamic=True: a constexpr pins these dims
             if not dynamic or not _make_static(model, dynamic_shapes, exc.dims):
@@ -597,6 +628,4 @@ def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes:
         outputs=outputs, values=builder.values, constants=builder.constants, ops=builder.ops,
         launches=builder.launches, kernels=kernels,
     )
-    if dynamic:
-        log.info("dynamic=True settled on:\n%s", describe_dims(ir))
     return ir, captured.outputs

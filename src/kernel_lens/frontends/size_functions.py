@@ -12,6 +12,8 @@ exactly ``v0 + sum(d_i * Min(1, Max(0, n - b_i + 1)))``, which the grammar spell
 - ``rewrite(expr, ranges)``: every maximal sub-expression using a function outside the grammar
   replaced by its step-function form (one symbol each), or ``SymbolicError`` naming it.
 - ``constexpr_values(expr, ranges)``: the values a constexpr takes over the declared range.
+- ``truth_pieces(cond, ranges)``: where a condition on one size holds over its range (the
+  guards of Python branches on sizes, which split a declared range into pieces).
 """
 
 from __future__ import annotations
@@ -89,6 +91,44 @@ def pieces(expr: sympy.Expr, ranges: dict, limit: int = MAX_PIECES) -> list[tupl
     return merged
 
 
+def truth_pieces(cond: sympy.Basic, ranges: dict, limit: int = MAX_PIECES) -> list[tuple[bool, int, int]]:
+    """The pieces ``(holds, lo, hi)`` (inclusive, ascending) of a condition on one size over that
+    size's range, exactly: boxes are proven by interval evaluation (torch's ``bound_sympy``,
+    sound for relations and their and/or/not) or evaluated point by point; ``SymbolicError``
+    when the condition depends on several sizes or has more than ``limit`` pieces."""
+    free = sorted(cond.free_symbols, key=str)
+    if len(free) != 1:
+        raise SymbolicError(f"{_brief(cond)} depends on {len(free)} sizes "
+                            f"({', '.join(map(str, free))}); kernel_lens splits ranges on "
+                            f"conditions of one size")
+    sym = free[0]
+    lo, hi = _bounds(ranges, sym)
+    out: list[tuple[int, int, int]] = []
+    todo, probes = [(lo, hi)], 0
+    while todo:
+        a, b = todo.pop()
+        probes += 1
+        if probes > _MAX_PROBES:
+            raise SymbolicError(f"{_brief(cond)} over {sym} in [{lo}, {hi}] could not be split "
+                                f"within {_MAX_PROBES} evaluations")
+        if b - a < _DENSE:
+            out += _dense_pieces(cond, sym, a, b)
+            continue
+        vr = bound_sympy(cond, {sym: ValueRanges(a, b)})
+        if vr.lower == vr.upper and vr.lower in (sympy.true, sympy.false):
+            out.append((int(vr.lower is sympy.true), a, b))
+        else:
+            mid = (a + b) // 2
+            todo += [(mid + 1, b), (a, mid)]
+        if len(out) > 4 * limit and len(_merged(out)) > limit:
+            break
+    merged = _merged(out)
+    if len(merged) > limit:
+        raise SymbolicError(f"{_brief(cond)} changes truth more than {limit} times over {sym} in "
+                            f"[{lo}, {hi}]")
+    return [(bool(v), a, b) for v, a, b in merged]
+
+
 def _dense_pieces(expr: sympy.Expr, sym: sympy.Symbol, a: int, b: int) -> list[tuple[int, int, int]]:
     points = np.arange(a, b + 1, dtype=np.int64)
     values = _evaluate(expr, sym, points, {})
@@ -99,6 +139,9 @@ def _dense_pieces(expr: sympy.Expr, sym: sympy.Symbol, a: int, b: int) -> list[t
 
 
 _LIMIT = 1 << 62  # int64 headroom: a value beyond it may have overflowed
+_RELATIONS = {"Equality": np.equal, "Unequality": np.not_equal, "StrictLessThan": np.less,
+              "LessThan": np.less_equal, "StrictGreaterThan": np.greater,
+              "GreaterThan": np.greater_equal}
 
 
 def _evaluate(expr: sympy.Basic, sym: sympy.Symbol, n: np.ndarray, memo: dict) -> np.ndarray:
@@ -107,8 +150,18 @@ def _evaluate(expr: sympy.Basic, sym: sympy.Symbol, n: np.ndarray, memo: dict) -
         return memo[expr]
     if expr == sym:
         out = n
+    elif expr is sympy.true or expr is sympy.false:
+        out = np.full_like(n, int(expr is sympy.true))
     elif expr.is_Integer:
         out = np.full_like(n, int(expr))
+    elif type(expr).__name__ in _RELATIONS:
+        lhs, rhs = (_evaluate(a, sym, n, memo) for a in expr.args)
+        out = _RELATIONS[type(expr).__name__](lhs, rhs).astype(np.int64)
+    elif isinstance(expr, (sympy.And, sympy.Or, sympy.Not)):
+        args = [_evaluate(a, sym, n, memo) != 0 for a in expr.args]
+        combined = np.logical_not(args[0]) if isinstance(expr, sympy.Not) else \
+            (np.logical_and.reduce(args) if isinstance(expr, sympy.And) else np.logical_or.reduce(args))
+        out = combined.astype(np.int64)
     else:
         args = [_evaluate(a, sym, n, memo) for a in expr.args]
         name = type(expr).__name__

@@ -20,9 +20,10 @@ from typing import Any, Callable, Iterator, List
 
 import sympy
 import torch
+from torch.fx.experimental import symbolic_shapes
 
 from .._gc import paused_then_frozen
-from ..errors import (DynamicConstexprError, KernelLensError, SymbolicError, TraceError,
+from ..errors import (DynamicConstexprError, KernelLensError, SizeBranchError, SymbolicError, TraceError,
                       UnsupportedKernelError)
 from . import arguments, launchers, size_functions, tensor_likes
 from . import triton_compat as tc
@@ -231,15 +232,9 @@ def _short(value: Any, limit: int = 120) -> str:
 
 def _input_dims(value: Any) -> list[tuple[str, int]]:
     """The (forward argument name, dim) pairs a symbolic size is computed from."""
-    env = value.node.shape_env
-    dims = []
+    dims: list[tuple[str, int]] = []
     for sym in sorted(value.node.expr.free_symbols, key=str):
-        for source in env.var_to_sources.get(sym, []):
-            base, idx = getattr(getattr(source, "base", None), "name", None), getattr(source, "idx", None)
-            match = re.search(r"\['([^']+)'\](\[\d+\])?$", base or "")  # L['x'], L['args'][0]
-            label = match.group(1) + (match.group(2) or "") if match else None
-            if label and isinstance(idx, int) and (label, idx) not in dims:
-                dims.append((label, idx))
+        dims += [d for d in _sources(value.node.shape_env, sym) if d not in dims]
     return dims
 
 
@@ -274,16 +269,34 @@ class _Wrapper(torch.nn.Module):
         return self.fn(*args)
 
 
+@dataclass
+class SizeBranch:
+    """A condition on one size that the traced forward needs (a Python branch on that size),
+    which does not hold over the whole declared range: ``pieces`` says where it holds. The size
+    is dim ``dim`` of the forward's argument ``label`` (``x``, or ``args[0]``)."""
+
+    label: str
+    dim: int
+    condition: str
+    pieces: list[tuple[bool, int, int]]
+
+
 def trace(model: Callable, example_inputs: tuple, dynamic_shapes: Any,
           captured: list[CapturedLaunch]) -> tuple[torch.export.ExportedProgram, list[TracedLaunch]]:
     """Export ``model`` with the user's dynamic dims; returns the program and the launches.
+
+    When the model's Python code branches on a size inside a declared range (torch refuses the
+    range with a guard on that one size), :class:`SizeBranchError` lists each such condition
+    and where it holds (:func:`~.size_functions.truth_pieces`, exactly), so the caller can split
+    the range (:mod:`.size_pieces`).
 
     When torch.export cannot prove a guard over the declared range (e.g. transformers' CUDA
     mask code guards ``seq*(8 + seq - seq % 8) > 1``, true for every size but beyond torch's
     range analysis), the export is retried with the guards deferred to runtime asserts, as
     torch.onnx.export does, and every deferred assert is then checked here over the declared
-    range: exhaustively where the range is small, at sampled sizes otherwise. One that fails
-    for some size is an error naming it.
+    range: a condition on one bounded size exactly (:func:`~.size_functions.truth_pieces`); one
+    on several sizes exhaustively where the range is small, at sampled sizes otherwise. One that
+    fails for some size is an error naming it.
     """
     module = model if isinstance(model, torch.nn.Module) else _Wrapper(model)
     try:
@@ -293,6 +306,9 @@ def trace(model: Callable, example_inputs: tuple, dynamic_shapes: Any,
     except Exception as exc:
         if "Constraints violated" not in str(exc):
             raise TraceError(_explain(exc)) from exc
+        guarded = _size_branches(*_violations[-1]) if _violations else []
+        if guarded:
+            raise SizeBranchError(_explain(exc), guarded) from exc
         try:
             program, tracer = _export(module, example_inputs, dynamic_shapes, captured, deferred=True)
         except KernelLensError:
@@ -325,13 +341,40 @@ def _missing_launches(captured: list[CapturedLaunch], seen: list, program: Any) 
             f"{where}")
 
 
+# (shape env, declared range per symbol) of exports whose guards violated the declared ranges
+_violations: list[tuple[Any, dict]] = []
+
+
+def _recording_violations(orig: Callable) -> Callable:
+    """ShapeEnv.produce_guards_verbose, recording the shape env and the declared range of each
+    input dim's symbol (the guards are checked against those) when the guards violate them."""
+    def produce_guards_verbose(self, placeholders, sources, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return orig(self, placeholders, sources, *args, **kwargs)
+        except symbolic_shapes.ConstraintViolationError:
+            declared = {}
+            for fake, context in zip(placeholders, kwargs.get("input_contexts") or []):
+                constraints = getattr(context, "constraint_sizes", None) or []
+                for size, constraint in zip(getattr(fake, "shape", ()), constraints):
+                    vr = getattr(constraint, "vr", None)
+                    if isinstance(size, torch.SymInt) and vr is not None and \
+                            isinstance(size.node.expr, sympy.Symbol):
+                        declared[size.node.expr] = vr
+            _violations.append((self, declared))
+            raise
+    return produce_guards_verbose
+
+
 def _export(module: torch.nn.Module, example_inputs: tuple, dynamic_shapes: Any,
             captured: list[CapturedLaunch], deferred: bool):
     tracer = _Tracer(captured)
     # torch.export prints the whole graph to stderr when it fails; keep it for --debug / logging.
     chatter = io.StringIO()
+    _violations.clear()
+    env = symbolic_shapes.ShapeEnv
     try:
-        with _tracing(tracer), contextlib.redirect_stderr(chatter):
+        with _tracing(tracer), contextlib.redirect_stderr(chatter), \
+                _patched(env, "produce_guards_verbose", _recording_violations(env.produce_guards_verbose)):
             program = torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic_shapes,
                                           strict=False,
                                           prefer_deferred_runtime_asserts_over_guards=deferred)
@@ -373,6 +416,19 @@ def _check_deferred_asserts(program: torch.export.ExportedProgram, original: Bas
             continue
         expr = val.node.expr
         syms = sorted(expr.free_symbols, key=str)
+        vr = ranges.get(str(syms[0])) if len(syms) == 1 else None
+        if vr is not None and vr.upper.is_Integer:  # one bounded size: exactly
+            try:  # any number of pieces: only whether it ever fails matters here
+                parts = size_functions.truth_pieces(expr, {syms[0]: vr}, limit=1 << 20)
+            except SymbolicError as exc:
+                raise TraceError(f"{_explain(original)} (torch needs {expr}, which kernel_lens "
+                                 f"cannot check over the range: {exc})") from original
+            checked += 1
+            bad = next(((a, b) for holds, a, b in parts if not holds), None)
+            if bad is not None:
+                raise TraceError(f"{_explain(original)} (torch could not prove {expr}, which "
+                                 f"fails at {syms[0]}={bad[0]})") from original
+            continue
         grids = [points(s, len(syms) == 1) for s in syms]
         for values in itertools.product(*grids):
             holds = expr.xreplace({s: sympy.Integer(v) for s, v in zip(syms, values)})
@@ -388,6 +444,43 @@ def _check_deferred_asserts(program: torch.export.ExportedProgram, original: Bas
                     f"the dim static") from original
     log.info("torch.export deferred guards to runtime asserts; all hold over the declared ranges "
              "(%d checks)", checked)
+
+
+def _size_branches(env: Any, declared: dict) -> list[SizeBranch]:
+    """The guards of a refused export that are conditions on one input dim with a bounded
+    declared range and fail somewhere in it, with where each holds (exactly); [] when one
+    failing guard is not of that kind (the range cannot be split on it)."""
+    out: list[SizeBranch] = []
+    for guard in env.guards:
+        expr = guard.expr
+        syms = sorted(expr.free_symbols, key=str)
+        vr = declared.get(syms[0]) if len(syms) == 1 else None
+        if vr is None or not vr.upper.is_Integer:
+            continue
+        try:
+            parts = size_functions.truth_pieces(expr, {syms[0]: vr})
+        except SymbolicError:
+            return []
+        if all(holds for holds, _, _ in parts):
+            continue
+        sources = [(label, idx) for label, idx in _sources(env, syms[0])]
+        if not sources:
+            return []
+        label, dim = sources[0]
+        out.append(SizeBranch(label, dim, _user_terms(str(expr)), parts))
+    return out
+
+
+def _sources(env: Any, sym: Any) -> list[tuple[str, int]]:
+    """(forward argument label, dim) of every input dim that is the symbol ``sym``."""
+    out = []
+    for source in env.var_to_sources.get(sym, []):
+        base, idx = getattr(getattr(source, "base", None), "name", None), getattr(source, "idx", None)
+        match = re.search(r"\['([^']+)'\](\[\d+\])?$", base or "")  # L['x'], L['args'][0]
+        label = match.group(1) + (match.group(2) or "") if match else None
+        if label and isinstance(idx, int) and (label, idx) not in out:
+            out.append((label, idx))
+    return out
 
 
 def _user_terms(text: str) -> str:

@@ -143,8 +143,32 @@ class Launch(_Model):
     )
 
 
+class SizeBox(_Model):
+    """A box of sizes: each listed symbol within [min, max] (inclusive); others anywhere in their
+    declared range."""
+
+    ranges: dict[Identifier, tuple[int, int]]
+
+    def contains(self, values: dict[str, int]) -> bool:
+        return all(lo <= values[s] <= hi for s, (lo, hi) in self.ranges.items())
+
+
+class SizePiece(_Model):
+    """Part of the declared ranges served by a graph of its own: the model's Python code branches
+    on a size, so torch.export traced one branch per piece (see ``GraphIR.pieces``)."""
+
+    when: list[SizeBox] = Field(min_length=1, description="the sizes it serves: any of these boxes")
+    graph: "GraphIR" = Field(description="a complete graph for those sizes (it has no pieces)")
+
+
 class GraphIR(_Model):
-    """A model whose forward launches Triton kernels, lifted into data."""
+    """A model whose forward launches Triton kernels, lifted into data.
+
+    A model whose Python code branches on sizes has ``pieces``: each serves part of the declared
+    ranges with a graph of its own, and a call runs the first piece whose boxes hold its sizes.
+    The top level then keeps only the interface (inputs, outputs, symbols with their declared
+    ranges); ``ops``, ``launches`` and ``kernels`` live in the pieces' graphs, and kernel ids are
+    unique across pieces (targets build every piece into one library)."""
 
     schema_version: str = SCHEMA_VERSION
     name: Identifier = Field(description="safe identifier of the model: file stems, C++ and ONNX "
@@ -167,6 +191,52 @@ class GraphIR(_Model):
         default_factory=list, description="what the IR is known to satisfy (passes' 'provides')"
     )
     passes_run: list[str] = Field(default_factory=list, description="passes applied, in order")
+    pieces: list[SizePiece] = Field(
+        default_factory=list, description="size branches: the graphs serving parts of the declared "
+        "ranges, tried in order (empty: one graph, this one, serves every size)")
+
+    @model_validator(mode="after")
+    def _pieces_are_consistent(self) -> "GraphIR":
+        if not self.pieces:
+            return self
+        if self.ops or self.launches or self.kernels:
+            raise ValueError("a graph with pieces keeps its ops, launches and kernels in the pieces")
+        owners: dict[str, int] = {}
+        for k, piece in enumerate(self.pieces):
+            g = piece.graph
+            if g.pieces:
+                raise ValueError(f"piece {k}: a piece's graph has no pieces of its own")
+            if g.inputs != self.inputs or len(g.outputs) != len(self.outputs):
+                raise ValueError(f"piece {k}: its graph takes inputs {g.inputs} and gives "
+                                 f"{len(g.outputs)} outputs; the model takes {self.inputs} and gives "
+                                 f"{len(self.outputs)}")
+            unknown = {s for box in piece.when for s in box.ranges} - set(self.symbols)
+            if unknown | (set(g.symbols) - set(self.symbols)):
+                raise ValueError(f"piece {k} uses undeclared symbols "
+                                 f"{sorted(unknown | (set(g.symbols) - set(self.symbols)))}")
+            for kid in g.kernels:
+                if owners.setdefault(kid, k) != k:
+                    raise ValueError(f"kernel id {kid!r} is used by pieces {owners[kid]} and {k}; "
+                                     f"kernel ids are unique across pieces")
+        return self
+
+    def graphs(self) -> list["GraphIR"]:
+        """The graphs that run: this one, or each piece's."""
+        return [p.graph for p in self.pieces] if self.pieces else [self]
+
+    def all_kernels(self) -> dict[str, KernelIR]:
+        """Every kernel of every graph that runs, by id."""
+        return {kid: k for g in self.graphs() for kid, k in g.kernels.items()}
+
+    def piece_for(self, values: dict[str, int]) -> "GraphIR":
+        """The graph serving sizes ``values`` (symbol -> value): this one, or the first piece
+        whose boxes hold them."""
+        if not self.pieces:
+            return self
+        for piece in self.pieces:
+            if any(box.contains(values) for box in piece.when):
+                return piece.graph
+        raise IRError(f"no piece of {self.name} serves the sizes {values}")
 
     @model_validator(mode="after")
     def _references_resolve(self) -> "GraphIR":
@@ -251,5 +321,14 @@ class GraphIR(_Model):
         return cls.from_json(text)
 
 
+SizePiece.model_rebuild()
+
+
 def json_schema() -> dict:
-    return GraphIR.model_json_schema()
+    """GraphIR's JSON schema, the document's own properties at the top level (GraphIR is
+    recursive through ``pieces``, so pydantic gives it as a reference into ``$defs``)."""
+    schema = GraphIR.model_json_schema()
+    ref = schema.pop("$ref", None)
+    if ref is not None:
+        schema = {**schema["$defs"][ref.rsplit("/", 1)[1]], "$defs": schema["$defs"]}
+    return schema

@@ -24,7 +24,7 @@ from __future__ import annotations
 import networkx as nx
 import onnx
 
-from .lower import DOMAIN
+from .context import DOMAIN
 
 MUTATED_PREFIX = "mutated_"
 _NO_CONTENTS = {("", "Shape"), ("", "Size")}  # read only the shape

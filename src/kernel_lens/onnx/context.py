@@ -10,11 +10,17 @@ from __future__ import annotations
 
 from typing import Any, Protocol, Union
 
+import onnx
 import sympy
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
+from ..errors import SymbolicError
 from ..ir.graph import OpArg, TensorValue, TorchOp
+from ..ir.symbolic import parse
 from ..ir.types import DType
+
+DOMAIN = "kernel_lens"  # the domain of launch nodes (the custom ops kernel_lens generates)
+DOMAIN_VERSION = 1
 
 ONNX_DTYPES: dict[DType, int] = {
     DType.i1: TensorProto.BOOL, DType.i8: TensorProto.INT8, DType.i16: TensorProto.INT16,
@@ -29,6 +35,22 @@ ONNX_DTYPES: dict[DType, int] = {
 def onnx_dtype(dtype: DType) -> int:
     """The ONNX element type code of an IR dtype."""
     return ONNX_DTYPES[DType(dtype)]
+
+
+def value_info(name: str, dtype: DType, shape: list[str]) -> onnx.ValueInfoProto:
+    """A tensor's value info: a literal dim is a ``dim_value``, anything else a ``dim_param``
+    spelled as the IR spells it (a plain symbol is its own name)."""
+    info = helper.make_tensor_value_info(name, onnx_dtype(dtype), [None] * len(shape))
+    for dim, text in zip(info.type.tensor_type.shape.dim, shape):
+        try:
+            expr = parse(str(text))
+        except SymbolicError:
+            expr = None
+        if expr is not None and expr.is_Integer:
+            dim.dim_value = int(expr)
+        else:
+            dim.dim_param = str(text)
+    return info
 
 
 class LoweringContext(Protocol):

@@ -74,11 +74,10 @@ from ..codegen.launch_io import launch_io, root_of
 from ..ir.symbolic import parse
 from ..ir.types import DType
 from . import aten, rewrites, torchlib
-from .context import onnx_dtype
+from .context import DOMAIN, DOMAIN_VERSION, onnx_dtype, value_info
+from .pieces import combine_pieces
 from .external_data import check_locations, tensors
 
-DOMAIN = "kernel_lens"
-DOMAIN_VERSION = 1
 MIN_OPSET = 18
 MAX_IR_VERSION = 10  # ONNX Runtime 1.29+ reads IR version 10
 
@@ -86,26 +85,7 @@ _FP8 = {DType.fp8e4nv, DType.fp8e5}
 _UNSUPPORTED_DOMAIN = "kernel_lens.unsupported"  # placeholder nodes; never in a returned model
 
 
-def _dim(text: str) -> dict[str, Any]:
-    text = str(text)
-    try:
-        expr = parse(text)
-    except SymbolicError:
-        return {"dim_param": text}
-    if expr.is_Integer:
-        return {"dim_value": int(expr)}
-    return {"dim_param": text}
-
-
-def _value_info(name: str, dtype: DType, shape: list[str]) -> onnx.ValueInfoProto:
-    info = helper.make_tensor_value_info(name, onnx_dtype(dtype), [None] * len(shape))
-    for dim, text in zip(info.type.tensor_type.shape.dim, shape):
-        spec = _dim(text)
-        if "dim_value" in spec:
-            dim.dim_value = spec["dim_value"]
-        else:
-            dim.dim_param = spec["dim_param"]
-    return info
+_value_info = value_info
 
 
 # Past this many bytes of weights a model is saved with an external-data file (protobuf's
@@ -116,11 +96,12 @@ EXTERNAL_DATA_BYTES = 1_800_000_000
 class Lowering:
     """State of one lowering; also the context :mod:`kernel_lens.onnx.aten` translators use."""
 
-    def __init__(self, ir: GraphIR, opset: int, mutated_inputs: bool = True):
+    def __init__(self, ir: GraphIR, opset: int, mutated_inputs: bool = True, launch_offset: int = 0):
         if opset < MIN_OPSET:
             raise ValueError(f"opset {opset} is too old: the ONNX lowering emits opset "
                              f"{MIN_OPSET}+ operators (Shape start/end, axes as inputs)")
         self.ir, self.opset, self.mutated_inputs = ir, opset, mutated_inputs
+        self.launch_offset = launch_offset  # a piece's launches follow the earlier pieces'
         self.sym_names = list(ir.symbols)
         self.producer: dict[str, TorchOp] = {o: op for op in ir.ops for o in op.outputs}
         self.nodes: list[onnx.NodeProto] = []
@@ -606,7 +587,7 @@ class Lowering:
     # --------------------------------------------------------------------- assembly
     def run(self) -> onnx.ModelProto:
         ir = self.ir
-        launch_index = {id(l): i for i, l in enumerate(ir.launches)}
+        launch_index = {id(l): self.launch_offset + i for i, l in enumerate(ir.launches)}
         for node in ir.nodes():
             if isinstance(node, Launch):
                 self.launch(launch_index[id(node)], node)
@@ -685,13 +666,13 @@ class Lowering:
                     model.opset_import.append(o)
                     known.add(o.domain)
         model = onnx.inliner.inline_local_functions(model)
-        called = {(n.domain, n.op_type) for n in _all_nodes(model.graph)}
+        called = {(n.domain, n.op_type) for n in all_nodes(model.graph)}
         for fn in model.functions:  # functions calling functions
             called |= {(n.domain, n.op_type) for n in fn.node}
         kept = [fn for fn in model.functions if (fn.domain, fn.name) in called]
         del model.functions[:]
         model.functions.extend(kept)
-        used = {n.domain for n in _all_nodes(model.graph)} | {"", DOMAIN}
+        used = {n.domain for n in all_nodes(model.graph)} | {"", DOMAIN}
         for fn in kept:
             used |= {fn.domain} | {n.domain for n in fn.node}
         imports = [o for o in model.opset_import if o.domain in used]
@@ -761,12 +742,12 @@ def _same_op_at(op_type: str, old: int, new: int) -> bool:
                for c in a.type_constraints)
 
 
-def _all_nodes(graph: onnx.GraphProto):
+def all_nodes(graph: onnx.GraphProto):
     for node in graph.node:
         yield node
         for attr in node.attribute:
             for g in [attr.g] if attr.HasField("g") else list(attr.graphs):
-                yield from _all_nodes(g)
+                yield from all_nodes(g)
 
 
 def _inputs(node: onnx.NodeProto) -> set[str]:
@@ -803,8 +784,26 @@ def lower_to_onnx(ir: GraphIR, *, opset: int = MIN_OPSET,
 
     ``mutated_inputs``: also output ``mutated_<input>`` for each graph input the model writes
     in place (ONNX cannot mutate inputs; the runtime copies these back into the caller's tensors).
+    A model split by size (``ir.pieces``) becomes one graph choosing its piece with ``If``
+    (:mod:`kernel_lens.onnx.pieces`).
     """
-    lowering = Lowering(ir, opset, mutated_inputs)
+    if not ir.pieces:
+        return lower_graph(ir, opset=opset, mutated_inputs=mutated_inputs)
+    models, offset = [], 0
+    for piece in ir.pieces:  # weights the pieces share are kept once, at the top level
+        graph = piece.graph.model_copy(update={"constants": {**ir.constants, **piece.graph.constants}})
+        models.append(lower_graph(graph, opset=opset, mutated_inputs=mutated_inputs,
+                                  launch_offset=offset))
+        offset += len(piece.graph.launches)
+    model = combine_pieces(ir, models)
+    check_ops(model)
+    return model
+
+
+def lower_graph(ir: GraphIR, *, opset: int = MIN_OPSET, mutated_inputs: bool = True,
+                launch_offset: int = 0) -> onnx.ModelProto:
+    """One graph (no pieces) lowered; its launch ``i`` has attribute ``launch = launch_offset + i``."""
+    lowering = Lowering(ir, opset, mutated_inputs, launch_offset)
     model = optimize(lowering.run())
     check_ops(model, lowering.origin)
     return model

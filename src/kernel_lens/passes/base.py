@@ -179,12 +179,8 @@ class PassManager:
                 raise PreconditionError(f"pass {p.name!r} requires {sorted(missing)}; the IR has "
                                         f"{sorted(ir.facts)}")
             start = time.perf_counter()
-            result = p.run(ir.model_copy(deep=True), ctx)
+            ir, modified = self._apply(p, ir, ctx)
             seconds = time.perf_counter() - start
-            ir = result.ir
-            ir.facts = sorted(set(ir.facts) | set(p.provides))
-            ir.passes_run = [*ir.passes_run, p.name]
-            p.ensures(ir)
             if self.verify:
                 try:
                     self.verify(ir)
@@ -192,14 +188,37 @@ class PassManager:
                     raise
                 except Exception as exc:
                     raise PostconditionError(f"IR invariant broken after pass {p.name!r}: {exc}") from exc
-            self.timings.append(PassTiming(p.name, seconds, result.modified))
+            self.timings.append(PassTiming(p.name, seconds, modified))
             log.info("pass %-22s %8.1f ms%s", p.name, seconds * 1e3,
-                     "" if result.modified else " (no change)")
+                     "" if modified else " (no change)")
             if p.name in dump_after and dump is not None:
                 dump(p.name, ir)
             if p.name == stop_after:
                 break
         return ir
+
+    @staticmethod
+    def _apply(p: Pass, ir: GraphIR, ctx: PassContext) -> tuple[GraphIR, bool]:
+        """``p`` over ``ir``: over each piece's graph when the model is split by size (a pass
+        sees ordinary graphs only), recording its facts on every graph it ran over."""
+        def one(graph: GraphIR) -> tuple[GraphIR, bool]:
+            result = p.run(graph.model_copy(deep=True), ctx)
+            out = result.ir
+            out.facts = sorted(set(out.facts) | set(p.provides))
+            out.passes_run = [*out.passes_run, p.name]
+            p.ensures(out)
+            return out, result.modified
+
+        if not ir.pieces:
+            return one(ir)
+        ir = ir.model_copy(deep=True)
+        modified = False
+        for piece in ir.pieces:
+            piece.graph, changed = one(piece.graph)
+            modified = modified or changed
+        ir.facts = sorted(set(ir.facts) | set(p.provides))
+        ir.passes_run = [*ir.passes_run, p.name]
+        return ir, modified
 
 
 

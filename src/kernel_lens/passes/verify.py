@@ -7,7 +7,14 @@ from ..ir import GraphIR, ParamKind
 
 
 def verify(ir: GraphIR) -> None:
-    """Raise IRError naming the first broken invariant."""
+    """Raise IRError naming the first broken invariant (in every piece of a model split by size)."""
+    if ir.pieces:
+        for k, piece in enumerate(ir.pieces):
+            try:
+                verify(piece.graph)
+            except IRError as exc:
+                raise IRError(f"piece {k}: {exc}") from None
+        return
     for kid, kernel in ir.kernels.items():
         if kid != kernel.id:
             raise IRError(f"kernel stored under {kid!r} has id {kernel.id!r}")

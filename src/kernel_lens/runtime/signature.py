@@ -55,12 +55,25 @@ class SymbolSource:
     max: int | None
 
 
+class PieceValues(list):
+    """Symbol values of a call of a model split by size, and the piece serving them (its own
+    values: its symbols are a subset of the model's, and it checks its own dims)."""
+
+    def __init__(self, values: list[int], piece: int, own: list[int]) -> None:
+        super().__init__(values)
+        self.piece, self.own = piece, own
+
+
 class CallSignature:
-    """The inputs, symbols and outputs of a compiled model's call (see the module docstring)."""
+    """The inputs, symbols and outputs of a compiled model's call (see the module docstring).
+    A model split by size (``ir.pieces``) reads its symbols, picks the piece whose boxes hold
+    them, and lets that piece's signature check the dims and give the output shapes."""
 
     def __init__(self, ir: GraphIR, device_type: str = "cuda") -> None:
         self.model = ir.name
         self.device_type = device_type
+        self.pieces = [([box.ranges for box in p.when], CallSignature(p.graph, device_type))
+                       for p in ir.pieces]
         names = list(ir.symbols)
         sources = {(info.input, info.dim) for info in ir.symbols.values()
                    if info.scale == 1 and info.offset == 0}
@@ -69,8 +82,8 @@ class CallSignature:
             value = ir.values[name]
             checks = []
             for d, text in enumerate(value.shape):
-                if (i, d) in sources:
-                    continue  # read, not checked: it defines its symbol
+                if (i, d) in sources or ir.pieces:
+                    continue  # read, not checked: it defines its symbol (or a piece checks it)
                 expr = parse(text)
                 checks.append((d, int(expr) if expr.is_Integer else evaluator(expr, names), text))
             inputs.append(InputSpec(name, value.dtype, torch_dtype(value.dtype), len(value.shape),
@@ -82,7 +95,7 @@ class CallSignature:
             for sym, info in ir.symbols.items())
         self.outputs: tuple[OutputSpec, ...] = tuple(
             OutputSpec(name, ir.values[name].dtype, torch_dtype(ir.values[name].dtype),
-                       tuple(evaluator(parse(s), names) for s in ir.values[name].shape))
+                       () if ir.pieces else tuple(evaluator(parse(s), names) for s in ir.values[name].shape))
             for name in ir.outputs)
 
     def symbol_values(self, tensors: Sequence[torch.Tensor]) -> list[int]:
@@ -124,9 +137,18 @@ class CallSignature:
                 want = expected if isinstance(expected, int) else expected(values)
                 if t.shape[d] != want:
                     raise InputError(f"input {spec.name!r} dim {d} is {t.shape[d]}, expected {text} = {want}")
+        if self.pieces:
+            named = {s.name: v for s, v in zip(self.symbols, values)}
+            for k, (boxes, piece) in enumerate(self.pieces):
+                if any(all(lo <= named[s] <= hi for s, (lo, hi) in box.items()) for box in boxes):
+                    return PieceValues(values, k, piece.symbol_values(tensors))
+            raise InputError(f"{self.model}: no piece of the model serves the sizes {named} "
+                             f"(the pieces cover the declared ranges: recompile)")
         return values
 
     def output_shapes(self, values: Sequence[int]) -> list[Shape]:
+        if self.pieces:
+            return self.pieces[values.piece][1].output_shapes(values.own)
         return [tuple(f(values) for f in o.dims) for o in self.outputs]
 
     def check_out(self, out: Sequence[torch.Tensor], shapes: Sequence[Shape], device,

@@ -127,6 +127,7 @@ def render_launches(ir: GraphIR, plan: ModelPlan | None = None) -> str:
     env = templates()
     env.filters.update(c_bytes=c_bytes, c_string=c_string, c_quote=c_quote, c_scalar=c_scalar,
                        cxx_int=cxx.int, cxx_bool=cxx.bool, cxx_name=cxx_name)
-    binaries = {kid: [(b, ir.kernels[kid].binaries[b.index]) for b in plans]
+    kernels = ir.all_kernels()
+    binaries = {kid: [(b, kernels[kid].binaries[b.index]) for b in plans]
                 for kid, plans in plan.kernels.items()}
     return env.get_template("launches.cpp.j2").render(plan=plan, binaries=binaries)

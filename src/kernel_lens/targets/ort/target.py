@@ -25,7 +25,7 @@ OPSET = 23
 
 
 def op_types(ir: GraphIR) -> list[str]:
-    return sorted({launch.kernel for launch in ir.launches})
+    return sorted({launch.kernel for graph in ir.graphs() for launch in graph.launches})
 
 
 def ort_sources(ir: GraphIR, api_version: int) -> dict[str, str]:

@@ -30,7 +30,7 @@ from ...codegen.trt_expr import TrtExprPrinter
 from ...errors import KernelLensError, UnsupportedKernelError
 from ...fileio import atomic_copy, ensure_folder, inside
 from ...ir import DType, GraphIR, parse, symbol
-from ...onnx.lower import DOMAIN, MIN_OPSET, lower_to_onnx_cached, save_onnx
+from ...onnx.lower import DOMAIN, MIN_OPSET, all_nodes, lower_to_onnx_cached, save_onnx
 from ...toolchain.build import build_shared_library
 from ...toolchain.headers import find_cuda_include, find_tensorrt_include, tensorrt_version
 from ..base import StagedTarget
@@ -54,8 +54,9 @@ def plugin_names(ir: GraphIR, plan: ModelPlan | None = None) -> dict[str, str]:
     process-global plugin registry, while the same compiled model always gets the same names."""
     plan = plan or build_plan(ir)
     digest = hashlib.sha256(plan.model_dump_json().encode())
-    for name in sorted(ir.kernels):
-        digest.update(ir.kernels[name].model_dump_json().encode())
+    kernels = ir.all_kernels()
+    for name in sorted(kernels):
+        digest.update(kernels[name].model_dump_json().encode())
     tag = digest.hexdigest()[:8]
     return {k: f"kl_{ir.name}_{k}_{tag}" for k in sorted({p.kernel for p in plan.launches})}
 
@@ -106,7 +107,7 @@ def trt_onnx(ir: GraphIR, plan: ModelPlan | None = None) -> onnx.ModelProto:
     """The lowered graph with each kernel node named after its plugin, for TensorRT's parser."""
     model = onnx.ModelProto.FromString(lower_to_onnx_cached(ir, opset=OPSET).SerializeToString())
     names = plugin_names(ir, plan)
-    for node in model.graph.node:
+    for node in all_nodes(model.graph):  # If branches too (a model split by size)
         if node.domain == DOMAIN:
             node.op_type = names[node.op_type]
             node.attribute.extend([helper.make_attribute("plugin_version", PLUGIN_VERSION),

@@ -1,0 +1,311 @@
+"""Size branches become ranges: a forward whose Python code branches on a size is lifted piece
+by piece, each piece a part of the declared range with a graph of its own.
+
+torch.export traces one path through the model's Python code. Code that branches on a size
+(``if m == 48``, ``if cdiv(seq, 64) == 1``, Triton's binder folding an int argument equal to 1)
+makes that path valid for part of the declared range only; torch then refuses the range (or,
+with deferred asserts, records the condition). kernel_lens finds where each such condition holds
+exactly (:func:`~.size_functions.truth_pieces`, conditions on one size), cuts every size's range
+at the boundaries, keeps the traced graph for the cells where all its conditions hold, and traces
+each other cell again with inputs resized into it (the example's data tiled or cut along the
+resized dims) and the Dim narrowed to it, recursively. At most :data:`MAX_PIECES` graphs; the
+result is a :class:`~kernel_lens.ir.GraphIR` with ``pieces``, dispatched by size at run time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Any, Callable
+
+import torch
+from torch.export.dynamic_shapes import Dim, _DerivedDim
+
+from ..errors import KernelLensError, SizeBranchError, TraceError
+from ..ir import GraphIR, SizeBox, SizePiece, SymbolInfo, TensorValue
+from ..ir.names import is_identifier
+
+log = logging.getLogger(__name__)
+
+MAX_PIECES = 8  # graphs one model may be split into
+
+Dim_ = tuple[int, int]  # (graph input index, dim)
+Cell = dict[Dim_, tuple[int, int]]  # input dim -> [lo, hi]
+
+
+def lift_in_pieces(lift_one: Callable[[tuple, Any], tuple[GraphIR, Any]], inputs: tuple,
+                   dynamic_shapes: Any, input_names: list[str]) -> tuple[GraphIR, Any]:
+    """``lift_one(inputs, dynamic_shapes) -> (ir, eager outputs)`` over the declared ranges, or,
+    where it raises :class:`SizeBranchError`, piece by piece (module docstring); returns the IR
+    and the example's eager outputs."""
+    try:
+        return lift_one(inputs, dynamic_shapes)
+    except SizeBranchError as exc:
+        first = exc
+    state = _State(lift_one, input_names, inputs)
+    pieces = state.region(inputs, dynamic_shapes, {}, first)
+    ir = _combine(pieces, state)
+    log.info("the forward branches on sizes: %d pieces\n%s", len(pieces), describe(ir))
+    example = next(p for p in pieces if p[3])
+    return ir, example[2]
+
+
+class _State:
+    def __init__(self, lift_one: Callable, input_names: list[str], example: tuple) -> None:
+        self.lift_one = lift_one
+        self.names = input_names
+        self.example = example
+        self.count = 0
+        self.dim_names: dict[Dim_, str] = {}
+
+    def index(self, label: str) -> int:
+        if label.startswith("args[") and label.endswith("]"):
+            return int(label[5:-1])
+        if label in self.names:
+            return self.names.index(label)
+        raise TraceError(f"torch.export branched on a size of {label!r}, which is not an argument "
+                         f"of the forward ({', '.join(self.names)})")
+
+    def region(self, inputs: tuple, spec: Any, cell: Cell, exc: SizeBranchError
+               ) -> list[tuple[Cell, GraphIR, Any, bool]]:
+        """The pieces of ``cell``, whose trace raised ``exc``: its range cut where the branch
+        conditions change, each part traced again (recursively)."""
+        by_dim: dict[Dim_, list] = {}
+        for b in exc.branches:
+            by_dim.setdefault((self.index(b.label), b.dim), []).append(b)
+        dims = list(by_dim)
+        cuts = {d: _cut([b.pieces for b in by_dim[d]]) for d in dims}
+        out = []
+        for combo in itertools.product(*(cuts[d] for d in dims)):
+            box = {**cell, **{d: (lo, hi) for d, (lo, hi) in zip(dims, combo)}}
+            self.count += 1
+            if self.count > MAX_PIECES:
+                conditions = "; ".join(dict.fromkeys(b.condition for b in exc.branches))
+                raise TraceError(
+                    f"the model's Python code branches on sizes into more than {MAX_PIECES} pieces "
+                    f"of the declared range (conditions: {conditions}); kernel_lens compiles one "
+                    f"graph per piece: narrow the Dim ranges to fewer pieces, or mark dims static")
+            point = {d: min(max(inputs[d[0]].shape[d[1]], lo), hi) for d, (lo, hi) in box.items()}
+            where = ", ".join(f"{self.names[i]}.shape[{k}] in [{lo}, {hi}]"
+                              for (i, k), (lo, hi) in box.items())
+            sub_inputs = resized_inputs(inputs, spec, self.names, point)
+            sub_spec = narrowed(spec, self.names, box)
+            log.info("size branch: tracing the piece %s at %s", where,
+                     ", ".join(f"{self.names[i]}.shape[{k}]={v}" for (i, k), v in point.items()))
+            try:
+                ir, outputs = self.lift_one(sub_inputs, sub_spec)
+                is_example = all(a is b for a, b in zip(sub_inputs, inputs)) and inputs is self.example
+                out.append((box, ir, outputs, is_example))
+            except SizeBranchError as deeper:
+                out += self.region(sub_inputs, sub_spec, box, deeper)
+            except KernelLensError as err:
+                raise type(err)(f"in the piece of the declared range where {where} (the model's "
+                                f"code branches on sizes there): {err}") from err
+        return out
+
+
+def _cut(conditions: list[list[tuple[bool, int, int]]]) -> list[tuple[int, int]]:
+    """One size's range cut where any of its conditions changes truth."""
+    bounds = sorted({b for parts in conditions for _, lo, hi in parts for b in (lo, hi + 1)})
+    return [(lo, nxt - 1) for lo, nxt in zip(bounds, bounds[1:])]
+
+
+# --- inputs of another size ----------------------------------------------------------------------
+def _entry(spec: Any, i: int, name: str, d: int) -> Any:
+    entry = spec.get(name) if isinstance(spec, dict) else (
+        spec[i] if isinstance(spec, (tuple, list)) and i < len(spec) else None)
+    if isinstance(entry, dict):
+        return entry.get(d)
+    if isinstance(entry, (tuple, list)) and d < len(entry):
+        return entry[d]
+    return None
+
+
+def _roots(spec: Any, names: list[str], values: dict[Dim_, Any]) -> dict:
+    """What each branched input dim's spec entry is keyed by for :func:`_rebuild`: its root Dim
+    (``id``), or, for a Dim.AUTO/DYNAMIC hint, its place in the spec."""
+    out = {}
+    for (i, d), value in values.items():
+        entry = _entry(spec, i, names[i], d)
+        root = entry.root if isinstance(entry, _DerivedDim) else entry
+        if isinstance(root, Dim):
+            out[id(root)] = value
+        else:
+            out[("hint", names[i] if isinstance(spec, dict) else i, d)] = value
+    return out
+
+
+def resized_inputs(inputs: tuple, spec: Any, names: list[str], point: dict[Dim_, int]) -> tuple:
+    """``inputs`` with every dim its spec ties to a branched size (the same Dim, or one derived
+    from it) at the size ``point`` gives: the example's data tiled (or cut) along it, so
+    index-like inputs keep values the model expects."""
+    values = _roots(spec, names, point)
+    out = []
+    for i, t in enumerate(inputs):
+        shape = list(t.shape)
+        for d in range(t.dim()):
+            entry = _entry(spec, i, names[i], d)
+            if isinstance(entry, _DerivedDim) and id(entry.root) in values:
+                shape[d] = int(entry.fn(values[id(entry.root)]))
+            elif isinstance(entry, Dim) and id(entry) in values:
+                shape[d] = values[id(entry)]
+            elif (i, d) in point:
+                shape[d] = point[(i, d)]
+        out.append(t if shape == list(t.shape) else _resized(t, shape))
+    return tuple(out)
+
+
+def _resized(t: torch.Tensor, shape: list[int]) -> torch.Tensor:
+    for d, n in enumerate(shape):
+        have = t.shape[d]
+        if have == n:
+            continue
+        if have == 0:
+            t = torch.zeros((*t.shape[:d], n, *t.shape[d + 1:]), dtype=t.dtype, device=t.device)
+            continue
+        reps = -(-n // have)
+        t = torch.cat([t] * reps, dim=d).narrow(d, 0, n) if reps > 1 else t.narrow(d, 0, n)
+    return t.contiguous().clone()
+
+
+# --- narrower Dims -------------------------------------------------------------------------------
+def narrowed(spec: Any, names: list[str], box: Cell) -> Any:
+    """The user's ``dynamic_shapes`` with the Dim of each input dim in ``box`` narrowed to its
+    range there (static when the range is one size); derived Dims follow their root."""
+    ranges = _roots(spec, names, box)
+    new = {}
+    for key, (lo, hi) in ranges.items():
+        if isinstance(key, int):
+            root = next(_dims_in(spec, key))
+            new[key] = Dim.STATIC if lo == hi else Dim(root.__name__, min=lo, max=hi)
+        else:  # a Dim.AUTO/DYNAMIC hint: named as the IR names its symbol, <input>_<dim>
+            owner = key[1] if isinstance(key[1], str) else names[key[1]]
+            new[key] = Dim.STATIC if lo == hi else Dim(f"{owner}_{key[2]}", min=lo, max=hi)
+    return _rebuild(spec, new, [])
+
+
+def _dims_in(spec: Any, ident: int):
+    if isinstance(spec, _DerivedDim):
+        yield from _dims_in(spec.root, ident)
+    elif isinstance(spec, Dim) and id(spec) == ident:
+        yield spec
+    elif isinstance(spec, dict):
+        for v in spec.values():
+            yield from _dims_in(v, ident)
+    elif isinstance(spec, (tuple, list)):
+        for v in spec:
+            yield from _dims_in(v, ident)
+
+
+def _rebuild(spec: Any, new: dict, path: list) -> Any:
+    if isinstance(spec, _DerivedDim):
+        root = new.get(id(spec.root))
+        if root is None:
+            return spec
+        return Dim.STATIC if root is Dim.STATIC else _DerivedDim(spec.__name__, root, spec.fn)
+    if isinstance(spec, Dim):
+        return new.get(id(spec), spec)
+    if isinstance(spec, dict):
+        return {k: _rebuild(v, new, [*path, k]) for k, v in spec.items()}
+    if isinstance(spec, (tuple, list)):
+        return type(spec)(_rebuild(v, new, [*path, i]) for i, v in enumerate(spec))
+    if spec is not None and type(spec).__name__ == "_DimHint" and len(path) == 2:
+        return new.get(("hint", path[0], path[1]), spec)
+    return spec
+
+
+# --- one IR ---------------------------------------------------------------------------------------
+def _symbol_name(pieces: list, state: _State, dim: Dim_) -> str:
+    """The IR symbol of a branched input dim: as the pieces that keep it dynamic name it, else
+    its Dim's name (or ``<input>_<dim>``)."""
+    i, d = dim
+    for _, ir, _, _ in pieces:
+        for name, info in ir.symbols.items():
+            if (info.input, info.dim, info.scale, info.offset) == (i, d, 1, 0):
+                return name
+    return f"{state.names[i]}_{d}"
+
+
+def _combine(pieces: list[tuple[Cell, GraphIR, Any, bool]], state: _State) -> GraphIR:
+    """The top-level IR: the interface and the declared ranges, and each piece's graph with
+    kernel ids made unique across pieces."""
+    example = next(ir for _, ir, _, is_example in pieces if is_example)
+    dims = list(dict.fromkeys(d for cell, _, _, _ in pieces for d in cell))
+    names = {d: _symbol_name(pieces, state, d) for d in dims}
+    symbols: dict[str, SymbolInfo] = {}
+    for _, ir, _, _ in pieces:
+        for name, info in ir.symbols.items():
+            if name in symbols:
+                old = symbols[name]
+                upper = None if old.max is None or info.max is None else max(old.max, info.max)
+                symbols[name] = old.model_copy(update={"min": min(old.min, info.min), "max": upper})
+            else:
+                symbols[name] = info.model_copy()
+    for d, name in names.items():
+        lo = min(cell[d][0] for cell, _, _, _ in pieces)
+        hi = max(cell[d][1] for cell, _, _, _ in pieces)
+        example_size = int(state.example[d[0]].shape[d[1]])
+        symbols[name] = SymbolInfo(input=d[0], dim=d[1], min=lo, max=hi, example=example_size)
+    for name, info in list(symbols.items()):  # the example's own value
+        if name in example.symbols:
+            symbols[name] = info.model_copy(update={"example": example.symbols[name].example})
+    values = {name: _interface_value(name, [ir for _, ir, _, _ in pieces], symbols)
+              for name in example.inputs}
+    values.update({name: example.values[name] for name in example.outputs})
+    graphs = [ir for _, ir, _, _ in pieces]
+    shared = {name: data for name, data in graphs[0].constants.items()  # weights, kept once
+              if all(g.constants.get(name) == data for g in graphs)}
+    taken: set[str] = set()
+    out = []
+    for k, (cell, graph, _, _) in enumerate(pieces):
+        graph = _unique_kernels(graph.model_copy(deep=True), k, taken)
+        graph.constants = {n: c for n, c in graph.constants.items() if n not in shared}
+        out.append(SizePiece(when=[SizeBox(ranges={names[d]: r for d, r in cell.items()})],
+                             graph=graph))
+    return GraphIR(name=example.name, display_name=example.display_name, arch=example.arch,
+                   symbols=symbols, inputs=example.inputs, outputs=example.outputs,
+                   values=values, constants=shared, pieces=out)
+
+
+def _interface_value(name: str, graphs: list[GraphIR], symbols: dict[str, SymbolInfo]) -> TensorValue:
+    """An input's value at the top level: the pieces' most dynamic spelling of it, with every
+    dim a top-level symbol is read from named by that symbol."""
+    best = max(graphs, key=lambda g: sum(not s.lstrip("-").isdigit() for s in g.values[name].shape))
+    value = best.values[name].model_copy(deep=True)
+    index = graphs[0].inputs.index(name)
+    for sym, info in symbols.items():
+        if info.input == index and (info.scale, info.offset) == (1, 0):
+            value.shape[info.dim] = sym
+    return value
+
+
+def _unique_kernels(graph: GraphIR, k: int, taken: set[str]) -> GraphIR:
+    renames = {}
+    for kid in graph.kernels:
+        new, n = kid, 0
+        while new in taken:
+            n += 1
+            new = f"{kid}_p{k}" if n == 1 else f"{kid}_p{k}_{n}"
+        renames[kid] = new
+        taken.add(new)
+    if all(a == b for a, b in renames.items()):
+        return graph
+    data = graph.model_dump()
+    data["kernels"] = {renames[kid]: {**kernel, "id": renames[kid]}
+                       for kid, kernel in data["kernels"].items()}
+    for launch in data["launches"]:
+        launch["kernel"] = renames[launch["kernel"]]
+        for d in launch["dispatch"]:
+            d["kernel"] = renames[d["kernel"]]
+    return GraphIR.model_validate(data)
+
+
+def describe(ir: GraphIR) -> str:
+    """One line per piece: the sizes it serves, its launches and kernels."""
+    lines = []
+    for k, piece in enumerate(ir.pieces):
+        boxes = " or ".join(", ".join(f"{s} in [{lo}, {hi}]" for s, (lo, hi) in box.ranges.items())
+                            or "any size" for box in piece.when)
+        kernels = ", ".join(sorted({k.name for k in piece.graph.kernels.values()})) or "none"
+        lines.append(f"piece {k}: {boxes}: {len(piece.graph.launches)} launches ({kernels})")
+    return "\n".join(lines)
