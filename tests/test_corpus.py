@@ -41,14 +41,14 @@ def test_roles_match_expected(compiled):
     module, result, _ = compiled
     ir = result.ir
     for kname, roles in module.expected_roles.items():
-        kernels = [k for k in ir.kernels.values()
+        kernels = [k for k in ir.all_kernels().values()
                    if k.name == kname or k.source.qualname == kname]
-        assert kernels, f"kernel {kname} not in IR: {[k.source.qualname for k in ir.kernels.values()]}"
+        assert kernels, f"kernel {kname} not in IR: {[k.source.qualname for k in ir.all_kernels().values()]}"
         for k in kernels:
             got = {p.name: p.role.value for p in k.leaves() if p.binds_tensor}
             # a kernel launched with None for an optional pointer has no tensor parameter there
             assert got and got == {n: r for n, r in roles.items() if n in got}, k.id
-    for launch in ir.launches:
+    for launch in [launch for g in ir.graphs() for launch in g.launches]:
         for arg in launch.args:
             assert arg.role in ("input", "output", "inplace", "scalar", "constexpr")
 
@@ -56,15 +56,18 @@ def test_roles_match_expected(compiled):
 def test_grids_are_symbolic_and_match_capture(compiled):
     module, result, _ = compiled
     ir = result.ir
+    for graph in ir.graphs():  # each piece of a model split by size: traced at its own sizes
+        example = {n: s.example for n, s in graph.symbols.items()}
+        assert graph.launches
+        for launch in graph.launches:
+            grid = tuple(evaluate(parse(g, example), example) for g in launch.grid)
+            assert grid == tuple(launch.captured_grid)
+    launches = [launch for g in ir.graphs() for launch in g.launches]
     example = {n: s.example for n, s in ir.symbols.items()}
-    assert ir.launches
-    for launch in ir.launches:
-        grid = tuple(evaluate(parse(g, example), example) for g in launch.grid)
-        assert grid == tuple(launch.captured_grid)
     if module.dynamic_shapes is not None:
         assert ir.symbols, "dynamic dims declared but no symbol in the IR"
-        used = set().union(*(parse(g, example).free_symbols for l in ir.launches for g in l.grid))
-        used |= {s for l in ir.launches for a in l.args if a.expr
+        used = set().union(*(parse(g, example).free_symbols for l in launches for g in l.grid))
+        used |= {s for l in launches for a in l.args if a.expr
                  for s in parse(a.expr, example).free_symbols}
         assert used, "no grid or scalar depends on a dynamic dim"
     for name, info in ir.symbols.items():
@@ -87,7 +90,7 @@ def test_json_round_trip_is_exact(compiled):
 
 def test_ptx_and_cubin_for_sm80_and_sm90(compiled):
     ir = compiled[1].ir
-    for kernel in ir.kernels.values():
+    for kernel in ir.all_kernels().values():
         b90 = kernel.binaries[0]
         assert b90.arch == 90 and b90.specialized
         assert ".target sm_90a" in b90.ptx and b90.cubin[:4] == b"\x7fELF"
@@ -98,5 +101,13 @@ def test_ptx_and_cubin_for_sm80_and_sm90(compiled):
             continue
         b80 = compile_binary(kernel, 80, kernel.specialization, specialized=True)
         assert ".target sm_80" in b80.ptx and b80.cubin[:4] == b"\x7fELF"
+        if b90.tensordesc_meta:  # sm_80 has no TMA: a descriptor is its base, shape and strides
+            assert b80.tensordesc_meta is None
+            desc = [p.name for p in kernel.leaves() if p.block_shape is not None]
+            assert [(a.name, a.part) for a in b80.abi if a.name == desc[0]][:2] == \
+                [(desc[0], "value"), (desc[0], "shape")]
+            assert [a.name for a in b80.abi if a.part == "value"] == \
+                [a.name for a in b90.abi if a.part in ("value", "tma")]
+            continue
         assert [a.name for a in b80.abi] == [a.name for a in b90.abi]
         assert f".entry {b80.entry_name}(" in b80.ptx.replace(" (", "(")

@@ -41,9 +41,19 @@ def test_plan_round_trips_through_json(plans):
         assert ModelPlan.model_validate_json(text).model_dump_json() == text, stem
 
 
+def _graph_of(ir, index: int):
+    """The graph (a piece's, for a model split by size) holding the plan's launch ``index``."""
+    for graph in ir.graphs():
+        if index < len(graph.launches):
+            return graph
+        index -= len(graph.launches)
+    raise IndexError(index)
+
+
 def test_symbols_are_read_from_the_input_that_carries_them(plans):
-    for stem, (ir, plan) in plans.items():
+    for stem, (top, plan) in plans.items():
         for launch in plan.launches:
+            ir = _graph_of(top, launch.index)
             for read in launch.symbols:
                 dim = launch.inputs[read.input]
                 text = ir.values[dim.value].shape[read.dim] if read.scale == 1 and not read.offset else None
@@ -74,9 +84,10 @@ def test_every_expression_prints_for_cxx_and_tensorrt(plans):
 def test_workspace_covers_each_binary_scratch(plans):
     # the plan's workspace at the captured sizes >= what kl::launch asks for (both scratch
     # buffers, each padded to SCRATCH_ALIGN), for every binary the launch may run
-    for stem, (ir, plan) in plans.items():
-        example = {n: s.example for n, s in ir.symbols.items()}
+    for stem, (top, plan) in plans.items():
         for launch in plan.launches:
+            ir = _graph_of(top, launch.index)
+            example = {n: s.example for n, s in {**top.symbols, **ir.symbols}.items()}
             grid = [evaluate(parse(g, plan.symbols), example) for g in launch.grid]
             programs = grid[0] * grid[1] * grid[2]
             have = evaluate(parse(launch.workspace, plan.symbols), example)
@@ -89,7 +100,7 @@ def test_workspace_covers_each_binary_scratch(plans):
 
 def test_scalars_are_runtime_when_dynamic_and_baked_when_constant(plans):
     for stem, (ir, plan) in plans.items():
-        for launch, ir_launch in zip(plan.launches, ir.launches):
+        for launch, ir_launch in zip(plan.launches, [l for g in ir.graphs() for l in g.launches]):
             by_name = {a.name: a for a in ir_launch.args}
             for s in launch.scalars:
                 arg = by_name[s.param]
