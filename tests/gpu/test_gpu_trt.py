@@ -32,6 +32,7 @@ import torch
 
 import kernel_lens as kl
 from kernel_lens.codegen.plan import build_plan
+from kernel_lens.frontends import arguments
 from kernel_lens.frontends import capture as cap
 from kernel_lens.frontends import triton_compat as tc
 from kernel_lens.ir import DType, evaluate, parse
@@ -95,7 +96,11 @@ class _Observer(cap._Recorder):
         if self.benchmarking or warmup:
             return super().run(orig, jit_fn, args, grid, warmup, kwargs)
         params = tc.bind_params(jit_fn, args, kwargs)
-        tensors = {k: v for k, v in params.items() if isinstance(v, torch.Tensor)}
+        tensors = {}  # by IR leaf name: tuple elements too, and a tensor descriptor's base
+        for leaf, value, _ in arguments.walk_values(cap.innermost_jit(jit_fn), params):
+            base = getattr(value, "base", None) if not isinstance(value, torch.Tensor) else value
+            if isinstance(base, torch.Tensor):
+                tensors[leaf] = base
         torch.cuda.synchronize()
         before = {k: _storage_bytes(v) for k, v in tensors.items()}
         result = super().run(orig, jit_fn, args, grid, warmup, kwargs)
@@ -174,22 +179,26 @@ def test_trt_plugins_enqueue_bit_identical_to_native_triton(name, harness, trt_h
         size_sets += [(values, _inputs_at(ir, examples, values, seed))
                       for seed, values in enumerate(_sizes(ir))]
     lines, expected = [], []
+    kernels = ir.all_kernels()
     for values, inputs in size_sets:
         seen = _observe(module, inputs)
-        assert [s[0] for s in seen] == [ir.kernels[p.kernel].name for p in plan.launches], name
-        for launch, observed in zip(plan.launches, seen):
-            ins, outs = _node_io(ir, plan, launch, observed, values)
+        graph = ir.piece_for(values)  # a model split by size runs the piece of these sizes
+        first = sum(len(g.launches) for g in ir.graphs()[:ir.graphs().index(graph)])
+        launches = plan.launches[first:first + len(graph.launches)]
+        assert [s[0] for s in seen] == [kernels[p.kernel].name for p in launches], name
+        for launch, observed in zip(launches, seen):
+            ins, outs = _node_io(graph, plan, launch, observed, values)
             case = len(lines)
             fields = [names[launch.kernel], str(launch.index), str(len(launch.inputs)), str(len(launch.outputs))]
             for i, (value, data) in enumerate(zip(launch.inputs, ins)):
-                dims = [evaluate(parse(s, plan.symbols), values) for s in ir.values[value.value].shape]
+                dims = [evaluate(parse(s, plan.symbols), values) for s in graph.values[value.value].shape]
                 fields += [str(TRT_TYPES[value.dtype]), str(len(dims)), *map(str, dims)]
                 (tmp_path / f"{case}.in{i}").write_bytes(data)
             fields += [str(TRT_TYPES[o.dtype]) for o in launch.outputs]
             lines.append(" ".join(fields))
             expected.append((launch, outs))
     sanitizer = _sanitizer()
-    exact = not any("atomic_" in k.source.text for k in ir.kernels.values())
+    exact = not any("atomic_" in k.source.text for k in kernels.values())
     for kind, lib in libs.items():
         command = [str(harness), kind, str(lib)]
         if sanitizer:
