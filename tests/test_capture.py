@@ -226,3 +226,26 @@ def test_interpreter_failure_is_a_capture_error_and_patches_are_restored():
     assert not isinstance(info.value, interpreter.InterpreterError)
     assert tc.JITFunction.run is run and tc.JITFunction.__call__ is call
     assert interpreter._patch_lang_tensor is patch
+
+
+def test_an_override_keyed_by_the_ir_id_is_refused_naming_the_python_name():
+    """Kernel ids (``name_<digest>`` when a kernel has several specializations) are the IR's;
+    capture picks configs by the kernel's Python name, so an id would be dropped without a word."""
+    m = load_module(CORPUS / "autotune.py")
+
+    class Twice(torch.nn.Module):
+        def forward(self, x, y):
+            out = torch.empty_like(x)
+            grid = lambda meta: (triton.cdiv(x.numel(), meta["BLOCK_SIZE"]),)
+            m.scaled_add_kernel[grid](x, y, out, 2.0, x.numel())  # n divisible by 16
+            m.scaled_add_kernel[grid](x[1:], y[1:], out[1:], 2.0, x.numel() - 1)  # not: another binary
+            return out
+
+    inputs = (torch.randn(64), torch.randn(64))
+    ids = sorted(kl.lift(Twice(), inputs, arch=90).kernels)
+    assert len(ids) == 2 and all(i.startswith("scaled_add_kernel_") for i in ids)
+    config = m.scaled_add_kernel.configs[0].kwargs
+    with pytest.raises(InputError, match=r"by its IR id; name it by its Python name 'scaled_add_kernel'"):
+        kl.lift(Twice(), inputs, arch=90, autotune={ids[0]: config})
+    ir = kl.lift(Twice(), inputs, arch=90, autotune={"scaled_add_kernel": config})
+    assert all(k.options.autotune_choice == "user" for k in ir.kernels.values())

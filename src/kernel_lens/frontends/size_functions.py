@@ -336,7 +336,6 @@ def check_same(torch_expr: Any, plain: Any, ranges: dict, what: str) -> None:
     key = (torch_expr, plain, tuple(sorted((str(s), str(ranges.get(s))) for s in torch_expr.free_symbols)))
     if key in _CHECKED:
         return
-    _CHECKED.add(key)
     syms = sorted(torch_expr.free_symbols, key=str)
     try:
         bounds = {s: _bounds(ranges, s) for s in syms}
@@ -362,3 +361,4 @@ def check_same(torch_expr: Any, plain: Any, ranges: dict, what: str) -> None:
             raise SymbolicError(f"{what}: kernel_lens's form {_brief(plain)} of torch's "
                                 f"{_brief(torch_expr)} gives {got} at {at} where torch gives "
                                 f"{want}; this is a kernel_lens bug: please report it")
+    _CHECKED.add(key)  # only once it has passed: a wrong translation is refused every time
