@@ -12,8 +12,11 @@ import sys
 from conftest import ROOT
 
 CASES = ["fla_l2norm", "fla_layer_norm", "fla_chunk_local_cumsum", "fla_rotary",
-         "torchlib_custom_op", "torchlib_triton_op", "fla_group_norm"]
-# fla_group_norm: a constexpr with 32 values over the declared range, one binary each
+         "torchlib_custom_op", "torchlib_triton_op", "fla_group_norm",
+         "conch_gemma_rms_norm", "conch_varlen_attention", "conch_mixed_precision_gemm",
+         "flashnn_gemm_a8w8", "flashnn_dynamic_quant", "flashnn_flash_attention"]
+# fla_group_norm: a constexpr with 32 values over the declared range, one binary each;
+# conch_gemma_rms_norm: a tl.const pointer; flashnn_dynamic_quant: the token count a constexpr
 
 
 def test_library_cases_compile_or_fail_in_one_typed_line(tmp_path):

@@ -291,7 +291,7 @@ def kernel_params(jit: Any, kernel: str, params: dict[str, Any], specialization:
         if ty.startswith("*"):
             specs[name] = Specialization(aligned16=key == "D")
             return KernelParam(name=name, index=index, kind=ParamKind.tensor,
-                               dtype=dtype_from_triton(ty))
+                               dtype=dtype_from_triton(ty), const=ty.startswith("*k"))
         if ty.startswith("tensordesc"):
             dtype, block = _descriptor_type(ty)
             return KernelParam(name=name, index=index, kind=ParamKind.tensordesc, dtype=dtype,
@@ -340,7 +340,7 @@ def rebuild(kernel: KernelIR, assumptions: dict[str, Specialization],
             value = constexpr_from_ir(p.constexpr_value, resolve)
             return "constexpr", value, value
         if p.kind == ParamKind.tensor:
-            return "*" + _triton_type(p.dtype), "D" if spec.aligned16 else "", None
+            return ("*k" if p.const else "*") + _triton_type(p.dtype), "D" if spec.aligned16 else "", None
         if p.kind == ParamKind.tensordesc:
             return descriptor_type(p), None, None
         if spec.equal_to_1:

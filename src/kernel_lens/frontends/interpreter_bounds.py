@@ -53,6 +53,7 @@ from .patching import patched as _patched
 
 _U64_MAX = np.iinfo(np.uint64).max
 
+_FAR = 1 << 20  # bytes: an access this far from every argument is no off-by-a-block mistake
 HINT = ("a mask is missing or dropped (Python `and`/`or` on tensors keep only one operand: "
         "use `&`/`|`)")
 
@@ -181,9 +182,15 @@ class _Checker:
         at = f"byte offset {off}"
         if off % size == 0:
             at = f"element {off // size} ({at})"
+        hint = HINT
+        if distance(near) > _FAR:  # nowhere near an argument: an address loaded from memory?
+            hint = (f"the address is over {_FAR >> 20} MiB from every tensor argument: if the "
+                    f"kernel dereferences addresses it loads from a tensor (a pointer table built "
+                    f"with data_ptr()), no compiled model can hold them: pass the tensors "
+                    f"themselves; else {HINT}")
         return (f"{head}; the first (lane {lane}) is at {at} of the storage of parameter "
                 f"{near.name!r} ({near.nbytes // size} {dtype} elements, {near.nbytes} bytes); "
-                f"{HINT}")
+                f"{hint}")
 
 
 def _dtype_name(ptrs: Any) -> str:

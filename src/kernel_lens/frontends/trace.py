@@ -318,7 +318,26 @@ def trace(model: Callable, example_inputs: tuple, dynamic_shapes: Any,
         _check_deferred_asserts(program, exc)
     if len(tracer.launches) != len(captured):
         raise TraceError(_missing_launches(captured, tracer.launches, program))
+    _refuse_pointer_tables(program, tracer.tokens)
     return program, tracer.launches
+
+
+def _refuse_pointer_tables(program: torch.export.ExportedProgram, tokens: Any) -> None:
+    """A tensor the forward built from tensor addresses (``data_ptr()``: a table of pointers the
+    kernel loads and dereferences, as vLLM-style copy_blocks does) holds, under torch.export, the
+    fake tensors' address tokens: a deployed model's buffers have addresses unknown when it is
+    compiled, so such a model would read garbage. Refused, naming the constant."""
+    for name, value in {**program.constants, **program.state_dict}.items():
+        if not isinstance(value, torch.Tensor) or value.dtype not in (torch.int64, torch.uint64) \
+                or not value.numel() or not tokens.roots:
+            continue
+        root = value.detach().cpu().reshape(-1).to(torch.int64) >> 40
+        if bool(((root >= 1) & (root <= len(tokens.roots))).any()):
+            raise UnsupportedKernelError(
+                f"the forward stores tensor addresses (data_ptr()) in tensor {name!r}, a table of "
+                f"pointers for a kernel to dereference; a deployed model's buffers have addresses "
+                f"unknown at compile time, so kernel_lens cannot compile it: pass the tensors to "
+                f"the kernel as arguments (a tuple of tensors works) instead of their addresses")
 
 
 def _missing_launches(captured: list[CapturedLaunch], seen: list, program: Any) -> str:

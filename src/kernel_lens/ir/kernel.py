@@ -119,6 +119,8 @@ class KernelParam(_Model):
     )
     role: Role | None = Field(default=None, description="tensors only; set by role inference")
     role_source: Literal["inferred", "override"] | None = None
+    const: bool = Field(default=False, description="tensors: annotated tl.const (Triton types the "
+                        "pointer '*k<dtype>': the kernel may only read through it)")
     constexpr_value: ConstexprValue = Field(
         default=None, description="value of a constexpr parameter (None also means None)"
     )

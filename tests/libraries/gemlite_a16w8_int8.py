@@ -1,0 +1,51 @@
+"""gemlite: `gemlite.helper.A16W8_INT8().from_linear(...)` (fp16 activations x int8
+weights with per-channel scales; GemLiteLinearTriton's forward is the custom op
+`gemlite::forward_functional`, which picks GEMV / GEMV_SPLITK / GEMM_SPLITK / GEMM from the
+token count)."""
+
+import torch
+import gemlite
+from gemlite.helper import A16W8_INT8
+
+library = "gemlite"  # written against gemlite 0.6.0.post2
+library_module = "gemlite"
+library_env = {}
+
+IN, OUT = 256, 256
+
+
+def _linear():
+    g = torch.Generator().manual_seed(1)
+    lin = torch.nn.Linear(IN, OUT, bias=True, dtype=torch.float16)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(OUT, IN, generator=g) / IN ** 0.5)
+        lin.bias.copy_(0.1 * torch.randn(OUT, generator=g))
+    return lin
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        lin = _linear()
+        self.register_buffer("w_ref", (lambda w: (w / (w.abs().amax(1, keepdim=True) / 127)).round().clamp(-128, 127) * (w.abs().amax(1, keepdim=True) / 127))(lin.weight.detach().float()))
+        self.register_buffer("b_ref", lin.bias.detach().float().clone())
+        self.layer = A16W8_INT8(device="cuda:0").from_linear(lin)
+
+    def forward(self, x):
+        return self.layer(x)
+
+
+def reference(x):
+    xq = x.float()
+    return (xq @ model.w_ref.T + model.b_ref).half()
+
+
+def _make_inputs(tokens=16):
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(tokens, IN, generator=g).half(),)
+
+
+model = Model()
+example_inputs = _make_inputs()
+dynamic_shapes = {"x": {0: torch.export.Dim("tokens", min=2, max=4096)}}
+tolerance = (1e-2, 1e-2)

@@ -1,0 +1,50 @@
+"""gemlite: `gemlite.helper.A8W8_int8_dynamic().from_linear(...)` (dynamic per-token int8
+activation quantization by a Triton kernel, then an int8 x int8 GEMM with int32 accumulation)."""
+
+import torch
+import gemlite
+from gemlite.helper import A8W8_int8_dynamic
+
+library = "gemlite"  # written against gemlite 0.6.0.post2
+library_module = "gemlite"
+library_env = {}
+
+IN, OUT = 256, 256
+
+
+def _linear():
+    g = torch.Generator().manual_seed(1)
+    lin = torch.nn.Linear(IN, OUT, bias=True, dtype=torch.float16)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(OUT, IN, generator=g) / IN ** 0.5)
+        lin.bias.copy_(0.1 * torch.randn(OUT, generator=g))
+    return lin
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        lin = _linear()
+        self.register_buffer("w_ref", (lambda w: (w / (w.abs().amax(1, keepdim=True) / 127)).round().clamp(-128, 127) * (w.abs().amax(1, keepdim=True) / 127))(lin.weight.detach().float()))
+        self.register_buffer("b_ref", lin.bias.detach().float().clone())
+        self.layer = A8W8_int8_dynamic(device="cuda:0").from_linear(lin)
+
+    def forward(self, x):
+        return self.layer(x)
+
+
+def reference(x):
+    s = x.float().abs().amax(1, keepdim=True) / 127
+    xq = (x.float() / s).round().clamp(-128, 127) * s  # dynamic per-token int8
+    return (xq @ model.w_ref.T + model.b_ref).half()
+
+
+def _make_inputs(tokens=16):
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(tokens, IN, generator=g).half(),)
+
+
+model = Model()
+example_inputs = _make_inputs()
+dynamic_shapes = {"x": {0: torch.export.Dim("tokens", min=2, max=4096)}}
+tolerance = (2e-2, 2e-2)
