@@ -176,3 +176,28 @@ def test_constexpr_values_convert_both_ways():
     back = arguments.constexpr_from_ir(ir_value, lambda q: _copy)
     assert back[0] == tl.float16 and back[1] == 3 and back[2].b == "s" and back[2]._fields == ("a", "b")
     assert back[3] is _copy and resolve("tests.x") is _copy
+
+
+@triton.jit
+def _read_ints(p_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(p_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+class _PointerTable(torch.nn.Module):
+    """Tensor addresses computed into a tensor, as flashnn's callers build its logits processor's
+    table of row pointers (here the kernel only copies the numbers)."""
+
+    def forward(self, x):
+        rows = torch.arange(x.shape[0], device=x.device)
+        table = x.data_ptr() + rows * (x.stride(0) * x.element_size())
+        out = torch.empty_like(table)
+        _read_ints[(1,)](table, out, x.shape[0], BLOCK=64)
+        return out
+
+
+def test_tensor_addresses_computed_into_a_tensor_are_refused():
+    with pytest.raises(UnsupportedKernelError, match=r"tensor's address \(data_ptr\(\)\).*pass the tensors") as info:
+        kl.lift(_PointerTable(), (torch.randn(6, 4),), arch=90,
+                dynamic_shapes=({0: torch.export.Dim("rows", min=2, max=64)},))
+    assert "\n" not in str(info.value)

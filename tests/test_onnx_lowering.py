@@ -819,3 +819,28 @@ def test_launch_wiring_refuses_tensor_arguments_without_roles():
     with pytest.raises(IRError, match=rf"launch {launch.order} \(add_kernel\): tensor arguments \['x_ptr', "
                                       r"'y_ptr', 'out_ptr'\] have no role; run the role-inference"):
         launch_io(ir, launch, "__0")
+
+
+@triton.jit
+def _copy_bytes(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+class _ZerosLikeFp8(torch.nn.Module):
+    def forward(self, x):
+        out = torch.zeros_like(x)  # Cast(0) then Expand: Expand takes no float8 in ONNX
+        _copy_bytes[(1,)](x, out, x.numel(), BLOCK=64)
+        return out
+
+
+def test_an_fp8_expand_is_widened_so_the_graph_type_checks():
+    x = torch.randn(32).to(torch.float8_e4m3fn)
+    ir = kl.compile(_ZerosLikeFp8(), (x,), dynamic_shapes=({0: torch.export.Dim("n", min=2, max=64)},),
+                    arch=90).ir
+    model = lower_to_onnx(ir, opset=23)
+    expands = [n for n in model.graph.node if n.op_type == "Expand"]
+    assert expands and all(n.input[0].endswith(".fp32") for n in expands)
+    # ONNX Runtime refused the graph ("Type 'tensor(float8e4m3fn)' ... of operator (Expand) is
+    # invalid"); onnx's strict type check refuses it the same way
+    onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)

@@ -14,6 +14,7 @@ from kernel_lens.codegen.cxx import to_cxx
 from kernel_lens.codegen.plan import SCRATCH_ALIGN, ModelPlan, build_plan
 from kernel_lens.codegen.trt_expr import to_trt
 from kernel_lens.ir import evaluate, parse, symbol
+from kernel_lens.targets.common.emit import render_launches
 
 from conftest import corpus_files, example_files, load_module
 
@@ -127,3 +128,28 @@ def test_workspace_expression_at_synthetic_scratch_sizes():
                    -(-8 * programs // 256) * 256 + -(-100 * programs // 256) * 256)
         assert int(expr.subs(n, value)) == want
     assert _workspace([], grid) == 0
+
+
+def test_a_symbol_only_in_an_input_shape_is_read_for_the_dim_checks():
+    # conch's bev_pool: a launch whose grid and scalars do not use a dynamic dim of its inputs
+    # still checks those dims against it, so it must read it (the C++ named an undeclared local)
+    import torch
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _first(x_ptr, y_ptr, out_ptr):
+        tl.store(out_ptr, tl.load(x_ptr) + tl.load(y_ptr))
+
+    class Model(torch.nn.Module):
+        def forward(self, x, y):
+            out = torch.empty(1, dtype=x.dtype, device=x.device)
+            _first[(1,)](x, y, out)
+            return out
+
+    n = torch.export.Dim("n", min=2, max=64)
+    ir = kl.compile(Model(), (torch.randn(8), torch.randn(8)), dynamic_shapes=({0: n}, {0: n}), arch=90).ir
+    (launch,) = build_plan(ir).launches
+    assert [s.name for s in launch.symbols] == ["n"]
+    assert [(c.input, c.dim, c.expr) for c in launch.dim_checks] == [(1, 0, "n")]
+    assert "sym_n = ctx.dim(0, 0)" in render_launches(ir).replace("const int64_t ", "")

@@ -217,3 +217,12 @@ def test_size_function_of_a_scaled_numel():
             block = min(triton.next_power_of_2(64 * bb * tt), 512)
             assert evaluate(guard, {"b": bb, "t": tt}) == block
             assert evaluate(grid, {"b": bb, "t": tt}) == triton.cdiv(64 * bb * tt, block)
+
+
+def test_a_boolean_constexpr_compares_with_its_integer_spelling():
+    # flag_gems' one_tile_per_cta: torch gives a true/false Eq(...), kernel_lens folds it to 1
+    s = sympy.Symbol("s0", integer=True, positive=True)
+    always = sympy.Eq(FloorDiv(s + 4096, 8192), 0)  # true over [2, 2048]
+    sf.check_same(always, sympy.Integer(1), {s: ValueRanges(2, 2048)}, "one_tile_per_cta")
+    with pytest.raises(Exception, match="kernel_lens bug"):
+        sf.check_same(always, sympy.Integer(0), {s: ValueRanges(2, 2048)}, "one_tile_per_cta")

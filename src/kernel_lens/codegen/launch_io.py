@@ -60,16 +60,19 @@ def fresh_allocation(ir: GraphIR, value: str) -> bool:
 
 
 def symbols_used(ir: GraphIR, launch: Launch) -> list[str]:
-    """Symbols the node needs at run time: grid, scalars, guards, output shapes and strides."""
+    """Symbols the node needs at run time: grid, scalars, guards, the shapes of the tensors it
+    binds (outputs are allocated from them, inputs' dims checked against them), strides and
+    tensor descriptors' shapes and strides."""
     names = list(ir.symbols)
     texts = [*launch.grid, *launch.guards.values()]
     for arg in launch.args:
         if arg.expr is not None:
             texts.append(arg.expr)
-        if arg.value is not None and arg.role in ("output", "inplace"):
+        if arg.value is not None:  # outputs are shaped, inputs' dims checked, from symbols
             texts += ir.values[root_of(ir, arg.value)].shape
         if arg.storage_offset is not None:
             texts.append(arg.storage_offset)
+        texts += [*(arg.desc_shape or []), *(arg.desc_strides or [])]
     used = set()
     for text in texts:
         used |= {s.name for s in parse(text, names).free_symbols}

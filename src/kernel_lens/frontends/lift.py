@@ -295,6 +295,8 @@ def _constant(t: torch.Tensor) -> ConstantData:
 
 
 _SKIP_OPS = ("_assert", "sym_constrain", "_check")
+# data_ptr() of a fake tensor under torch.export (tensor_likes.Tokens): 2**40 apart per storage
+_ADDRESS_TOKENS = (1 << 40, (1 << 40) * 4097)
 # torch.export wraps a region that changes grad mode or turns autocast off (HF's rotary embedding
 # does, on CUDA) in a higher-order op whose body is a submodule: inlined, it is the same ops.
 _WRAPPERS = ("wrap_with_set_grad_enabled", "wrap_with_autocast")
@@ -345,6 +347,12 @@ class _GraphBuilder:
             return SymArg(sym=self.syms.expr(a, "size argument"))
         if isinstance(a, (list, tuple)):
             return ListArg(items=[self.arg(x) for x in a])
+        if isinstance(a, int) and not isinstance(a, bool) and _ADDRESS_TOKENS[0] <= a < _ADDRESS_TOKENS[1]:
+            raise UnsupportedKernelError(
+                f"torch op argument {a} is a tensor's address (data_ptr()) under torch.export: the "
+                f"forward computes with tensor addresses (a table of pointers for a kernel to "
+                f"dereference); a deployed model's buffers have addresses unknown at compile time: "
+                f"pass the tensors to the kernel as arguments (a tuple of tensors works)")
         if a is None or isinstance(a, (bool, int, float, str)):
             return ConstArg(const=a)
         if isinstance(a, (torch.dtype, torch.device, torch.layout, torch.memory_format)):

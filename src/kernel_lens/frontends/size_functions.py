@@ -322,6 +322,15 @@ def _samples(lo: int, hi: int) -> list[int]:
     return sorted(picks)
 
 
+def _as_int(value: Any) -> Any:
+    """sympy's true/false as 1/0 (a boolean constexpr's two spellings), anything else as is."""
+    if value is sympy.true or value is True:
+        return sympy.Integer(1)
+    if value is sympy.false or value is False:
+        return sympy.Integer(0)
+    return value
+
+
 _CHECKED: set = set()  # (torch expression, IR form) pairs already checked in this process
 
 
@@ -351,9 +360,9 @@ def check_same(torch_expr: Any, plain: Any, ranges: dict, what: str) -> None:
         want = torch_expr.xreplace({s: sympy.Integer(v) for s, v in trial.items()})
         got = plain.xreplace({by_name[str(s)]: sympy.Integer(v) for s, v in trial.items()
                               if str(s) in by_name}) if by_name else plain
+        want, got = _as_int(want), _as_int(got)  # a boolean constexpr may print as 1/0
         try:
-            same = bool(sympy.simplify(sympy.Integer(int(want)) - sympy.Integer(int(got))) == 0) \
-                if not isinstance(want, sympy.logic.boolalg.BooleanAtom) else want == got
+            same = bool(sympy.simplify(sympy.Integer(int(want)) - sympy.Integer(int(got))) == 0)
         except (TypeError, ValueError):
             same = want == got
         if not same:

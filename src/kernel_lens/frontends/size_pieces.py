@@ -262,6 +262,7 @@ def _combine(pieces: list[tuple[Cell, GraphIR, Any, bool]], state: _State) -> Gr
         graph.constants = {n: c for n, c in graph.constants.items() if n not in shared}
         out.append(SizePiece(when=[SizeBox(ranges={names[d]: r for d, r in cell.items()})],
                              graph=graph))
+    values.update({name: example.values[name] for name in shared})
     return GraphIR(name=example.name, display_name=example.display_name, arch=example.arch,
                    symbols=symbols, inputs=example.inputs, outputs=example.outputs,
                    values=values, constants=shared, pieces=out)

@@ -804,8 +804,41 @@ def lower_graph(ir: GraphIR, *, opset: int = MIN_OPSET, mutated_inputs: bool = T
                 launch_offset: int = 0) -> onnx.ModelProto:
     """One graph (no pieces) lowered; its launch ``i`` has attribute ``launch = launch_offset + i``."""
     lowering = Lowering(ir, opset, mutated_inputs, launch_offset)
-    model = optimize(lowering.run())
+    model = widen_fp8_expands(optimize(lowering.run()))
     check_ops(model, lowering.origin)
+    return model
+
+
+_FP8_TYPES = {TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E5M2}
+
+
+def widen_fp8_expands(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``Expand`` takes no float8 tensor in any ONNX opset (``zeros_like`` of an fp8 tensor
+    lowers to one): expand it as float32 between two Casts, which is exact (every fp8 value is
+    a float32 value)."""
+    graph = model.graph
+    types = {t.name: t.data_type for t in graph.initializer}
+    types.update({v.name: v.type.tensor_type.elem_type
+                  for v in [*graph.input, *graph.value_info, *graph.output]})
+    for node in graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].HasField("t"):
+            types[node.output[0]] = node.attribute[0].t.data_type
+        elif node.op_type == "Cast":
+            types[node.output[0]] = next(a.i for a in node.attribute if a.name == "to")
+    nodes = []
+    for node in graph.node:
+        fp8 = types.get(node.input[0]) if node.op_type == "Expand" and node.domain in ("", "ai.onnx") else None
+        if fp8 not in _FP8_TYPES:
+            nodes.append(node)
+            continue
+        wide, out = f"{node.output[0]}.fp32", f"{node.input[0]}.fp32"
+        nodes.append(helper.make_node("Cast", [node.input[0]], [out], name=f"{node.name}.widen",
+                                     to=TensorProto.FLOAT))
+        nodes.append(helper.make_node("Expand", [out, node.input[1]], [wide], name=node.name))
+        nodes.append(helper.make_node("Cast", [wide], [node.output[0]], name=f"{node.name}.narrow",
+                                     to=fp8))
+    del graph.node[:]
+    graph.node.extend(nodes)
     return model
 
 
