@@ -128,3 +128,28 @@ def test_onnxruntime_gives_the_same_results_with_the_output_bound_to_the_input(n
     aliased = _run(model, x, alias=True)
     assert np.array_equal(copied[0], aliased[0]) and np.array_equal(copied[1], aliased[1])
     assert not np.array_equal(copied[1], x)  # the graph does write x
+
+
+def _nested_reader(read: str) -> onnx.ModelProto:
+    """An If whose else branch holds another If whose then branch reads ``read``."""
+    deep = helper.make_graph([helper.make_node("Neg", [read], ["d"])], "deep", [],
+                             [helper.make_tensor_value_info("d", F, SHAPE)])
+    shallow = helper.make_graph([helper.make_node("Identity", ["one2"], ["s"])], "shallow", [],
+                                [helper.make_tensor_value_info("s", F, SHAPE)])
+    inner_if = helper.make_node("If", ["c"], ["i"], then_branch=deep, else_branch=shallow)
+    outer_else = helper.make_graph([inner_if], "outer_else", [],
+                                   [helper.make_tensor_value_info("i", F, SHAPE)])
+    outer_then = helper.make_graph([helper.make_node("Identity", ["one2"], ["o"])], "outer_then", [],
+                                   [helper.make_tensor_value_info("o", F, SHAPE)])
+    nodes = [_SHAPE13, _row(),
+             helper.make_node("Constant", [], ["c"], value=helper.make_tensor("b", TensorProto.BOOL, [], [False])),
+             helper.make_node("Constant", [], ["shape43"], value=helper.make_tensor("s", TensorProto.INT64, [2], SHAPE)),
+             helper.make_node("ConstantOfShape", ["shape43"], ["one2"], value=helper.make_tensor("v", F, [1], [1.0])),
+             helper.make_node("If", ["c"], ["output_0"], then_branch=outer_then, else_branch=outer_else),
+             helper.make_node("ScatterND", ["x", "idx", "row"], ["mutated_x"])]
+    return _model(nodes, ["output_0", "mutated_x"])
+
+
+def test_a_reader_two_subgraph_levels_deep_is_found():
+    assert in_place_inputs(_nested_reader("x")) == set()
+    assert in_place_inputs(_nested_reader("one2")) == {"x"}  # the same graph reading another tensor

@@ -249,3 +249,59 @@ def test_an_override_keyed_by_the_ir_id_is_refused_naming_the_python_name():
         kl.lift(Twice(), inputs, arch=90, autotune={ids[0]: config})
     ir = kl.lift(Twice(), inputs, arch=90, autotune={"scaled_add_kernel": config})
     assert all(k.options.autotune_choice == "user" for k in ir.kernels.values())
+
+
+def test_an_autotune_config_pre_hook_is_kept_in_the_graph():
+    """autotune_features' count_kernel config has a pre_hook zeroing its counter (the model fills
+    it with 7 first): the zeroing is traced into the graph before the launch, so the deployed
+    model counts from 0 (without it the output would be 7 too high)."""
+    m = load_module(CORPUS / "autotune_features.py")
+    ir = kl.lift(m.model, tuple(t.clone() for t in m.example_inputs),
+                 dynamic_shapes=m.dynamic_shapes, arch=90)
+    launch = next(l for l in ir.launches if ir.kernels[l.kernel].name == "count_kernel")
+    counter = next(a.value for a in launch.args if a.name == "count_ptr")
+    writes = [op for op in ir.ops if op.order < launch.order and counter in op.outputs + op.aliases
+              and op.op.startswith(("aten.zero", "aten.fill"))]
+    assert writes, [(op.order, op.op, op.outputs) for op in ir.ops]
+    fill = next(op for op in ir.ops if op.op.startswith("aten.full") and op.order < writes[0].order)
+    assert fill is not None
+
+
+def test_autotune_overrides_apply_to_every_kernel_of_that_name_across_modules(tmp_path):
+    """Two modules each define an autotuned ``scale_kernel``: an override by name picks the config
+    for both (and one that matches only one kernel's configs is refused naming it)."""
+    import importlib
+    import sys
+
+    body = ('import triton, triton.language as tl\n'
+            '@triton.autotune(configs=[triton.Config({"BLOCK": 32}), triton.Config({"BLOCK": {b}})], key=["n"])\n'
+            '@triton.jit\n'
+            'def scale_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):\n'
+            '    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)\n'
+            '    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * {f}, mask=offs < n)\n')
+    (tmp_path / "_tune_a.py").write_text(body.replace("{b}", "64").replace("{f}", "2.0"))
+    (tmp_path / "_tune_b.py").write_text(body.replace("{b}", "128").replace("{f}", "3.0"))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        a, b = importlib.import_module("_tune_a"), importlib.import_module("_tune_b")
+
+        class Both(torch.nn.Module):
+            def forward(self, x):
+                y, z = torch.empty_like(x), torch.empty_like(x)
+                grid = lambda meta: (triton.cdiv(x.numel(), meta["BLOCK"]),)
+                a.scale_kernel[grid](x, y, x.numel())
+                b.scale_kernel[grid](x, z, x.numel())
+                return y, z
+
+        ir = kl.lift(Both(), (torch.randn(100),), arch=90, autotune={"scale_kernel": {"BLOCK": 32}})
+        kernels = sorted(ir.kernels.values(), key=lambda k: k.source.qualname)
+        assert [k.source.qualname for k in kernels] == ["_tune_a.scale_kernel", "_tune_b.scale_kernel"]
+        assert all(k.options.autotune_choice == "user" and k.param("BLOCK").constexpr_value == 32
+                   for k in kernels)
+        with pytest.raises(CaptureError, match=r"kernel scale_kernel: autotune override \{'BLOCK': 64\} "
+                                               r"matches none of its configs"):
+            kl.lift(Both(), (torch.randn(100),), arch=90, autotune={"scale_kernel": {"BLOCK": 64}})
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("_tune_a", None)
+        sys.modules.pop("_tune_b", None)

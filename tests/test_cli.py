@@ -101,3 +101,24 @@ def test_errors_exit_nonzero_with_a_message(tmp_path):
     assert proc.returncode == 2 and "--arch" in proc.stderr
     bad = str(ROOT / "tests" / "models" / "bad_kernels.py")
     assert kl("dump-ir", bad, check=False).returncode == 2
+
+
+def test_help_imports_nothing_heavy():
+    code = ("import sys\n"
+            "from kernel_lens import cli\n"
+            "try:\n    cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "heavy = ('torch', 'triton', 'onnx', 'onnxruntime', 'onnxscript', 'sympy', 'pydantic',"
+            " 'networkx', 'numpy', 'jinja2')\n"
+            "print('loaded', [m for m in heavy if m in sys.modules])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("loaded []"), out.stdout[-500:]
+
+
+def test_dump_ir_after_none_honours_dynamic():
+    declared = json.loads(kl("dump-ir", TOY, "--json", "--after", "none").stdout)
+    auto = kl("dump-ir", TOY, "--json", "--after", "none", "--dynamic")
+    ir = json.loads(auto.stdout)
+    assert list(declared["symbols"]) == ["n"]  # the file's Dim
+    assert list(ir["symbols"]) != ["n"] and ir["symbols"]  # Dim.AUTO: named after the input
+    assert "dynamic dims (--dynamic)" in auto.stderr and ir["passes_run"] == []

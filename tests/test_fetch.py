@@ -340,3 +340,57 @@ def test_tensorrt_rtx_script_links_the_libraries_relative_to_the_swapped_folder(
         assert (lib / name).read_bytes() == name.encode()  # the link resolves after the swap
         assert not os.readlink(lib / name).startswith("/")
     assert rtx.fetch(dest) == (site, lib)  # complete: reused
+
+
+class _Renameat2:
+    """A libc whose renameat2 fails with ``err`` (EINVAL: a file system without RENAME_EXCHANGE)."""
+
+    def __init__(self, err: int):
+        self.err = err
+        self.renameat2 = lambda *args: -1
+
+
+@pytest.mark.parametrize("err", ["EINVAL", "ENOSYS", "EOPNOTSUPP"])
+def test_refetching_without_an_atomic_exchange_falls_back_to_two_renames(tmp_path, monkeypatch, err):
+    import errno as errno_module
+
+    code = getattr(errno_module, err)
+    monkeypatch.setattr(fetch.ctypes, "CDLL", lambda *a, **k: _Renameat2(code))
+    monkeypatch.setattr(fetch.ctypes, "get_errno", lambda: code)
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    assert fetch._exchange(a, b) is False  # not available: the caller renames twice
+    final = tmp_path / "cache" / "part"
+    fetch.install(final, writer({"old.h": "old"}), "pkg==1")
+    fetch.install(final, writer({"new.h": "new"}), "pkg==2")  # the re-fetch swaps by two renames
+    assert sorted(p.name for p in final.iterdir()) == [STAMP, "new.h"]
+    assert sorted(p.name for p in final.parent.iterdir()) == ["part"]
+
+
+def test_another_renameat2_failure_is_an_error_not_a_fallback(tmp_path, monkeypatch):
+    import errno as errno_module
+
+    monkeypatch.setattr(fetch.ctypes, "CDLL", lambda *a, **k: _Renameat2(errno_module.EACCES))
+    monkeypatch.setattr(fetch.ctypes, "get_errno", lambda: errno_module.EACCES)
+    with pytest.raises(OSError) as info:
+        fetch._exchange(tmp_path / "a", tmp_path / "b")
+    assert info.value.errno == errno_module.EACCES
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a folder root's needs root")
+def test_a_non_root_user_fetches_under_a_shared_temporary_folder(tmp_path, monkeypatch):
+    # as /tmp: root's, world-writable and sticky; the fetching user is not root (faked: the suite
+    # runs as root)
+    shared = tmp_path / "shared_tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    os.chown(shared, 0, 0)
+    monkeypatch.setattr(fetch.os, "geteuid", lambda: 1000)
+    assert fetch.check_destination(shared / "part") is False  # the parent is trusted: root's, sticky
+    planted = shared / "part"
+    planted.mkdir()  # made by root, not by this user: refused, not used
+    with pytest.raises(CacheError, match="is owned by uid 0, not by the current user \\(uid 1000\\)"):
+        fetch.check_destination(planted)
+    shared.chmod(0o777)  # no sticky bit: another user could swap what is put there
+    with pytest.raises(CacheError, match="no sticky bit"):
+        fetch.check_destination(shared / "other")

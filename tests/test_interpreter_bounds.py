@@ -192,3 +192,33 @@ def test_checked_memory_nests_and_restores():
     with pytest.raises(OutOfBoundsAccess, match=r"^kernel k: out-of-bounds load"):
         with checked_memory([], kernel="k"):
             raise OutOfBoundsAccess("out-of-bounds load")
+
+
+@triton.jit
+def _one_past_kernel(x_ptr, out_ptr, n):
+    tl.store(out_ptr, tl.load(x_ptr + n))  # one element past the end: a scalar, unmasked
+
+
+@triton.jit
+def _straddle_kernel(x_ptr, out_ptr, at):
+    # an int64 load whose first byte is inside the fp32 storage and whose last byte is past it
+    tl.store(out_ptr, tl.load(x_ptr.to(tl.pointer_type(tl.int64), bitcast=True) + at))
+
+
+def test_one_element_past_the_end_is_caught():
+    x = torch.arange(10, dtype=torch.float32)
+    out = torch.zeros(1)
+    interpret_launch(_one_past_kernel, (x, out, 9), {}, (1,))  # the last element: fine
+    assert float(out) == 9.0
+    with pytest.raises(CaptureError, match=r"_one_past_kernel: out-of-bounds load .* 1 of 1 active "
+                       r"lanes .*element 10 \(byte offset 40\) of the storage of parameter 'x_ptr'"):
+        interpret_launch(_one_past_kernel, (x, out, 10), {}, (1,))
+
+
+def test_an_access_straddling_the_end_of_a_storage_is_caught():
+    x = torch.arange(10, dtype=torch.float32)  # 40 bytes: int64 element 4 is bytes 32..39
+    out = torch.zeros(1, dtype=torch.int64)
+    interpret_launch(_straddle_kernel, (x, out, 4), {}, (1,))
+    with pytest.raises(CaptureError, match=r"_straddle_kernel: out-of-bounds load"):
+        # x is 40 bytes; an int64 at byte 36 would start inside it and end past it
+        interpret_launch(_straddle_kernel, (x[1:], out, 4), {}, (1,))

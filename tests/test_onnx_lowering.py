@@ -844,3 +844,13 @@ def test_an_fp8_expand_is_widened_so_the_graph_type_checks():
     # ONNX Runtime refused the graph ("Type 'tensor(float8e4m3fn)' ... of operator (Expand) is
     # invalid"); onnx's strict type check refuses it the same way
     onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+
+
+def test_the_lowering_cache_is_keyed_by_opset():
+    from kernel_lens.onnx.lower import lower_to_onnx_cached
+
+    toy = load_module(EXAMPLES / "toy_two_kernels.py")
+    ir = kl.compile(toy.model, toy.example_inputs, dynamic_shapes=toy.dynamic_shapes, arch=90).ir
+    for opset in (18, 23, 18):  # the second 18 comes from the cache: still opset 18
+        model = lower_to_onnx_cached(ir, opset=opset)
+        assert {o.domain: o.version for o in model.opset_import}[""] == opset

@@ -126,3 +126,29 @@ def test_ort_rule_keeps_an_explicit_scale():
     feeds = _feeds(4, 4, 8, False, dtype=np.float16)
     np.testing.assert_allclose(_run(model, feeds).astype(np.float32),
                                _run(base, feeds).astype(np.float32), rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("attribute, value", [("softcap", 30.0), ("qk_matmul_output_mode", 1),
+                                              ("softmax_precision", 1)])
+def test_ort_rule_refuses_an_attention_attribute_it_cannot_express(attribute, value):
+    # MultiHeadAttention has no softcap, QK output mode or softmax precision
+    base = optimize(_attention_model(dtype=TensorProto.FLOAT16))
+    (att,) = [n for n in base.graph.node if n.op_type == "Attention"]
+    att.attribute.append(helper.make_attribute(attribute, value))
+    model = for_onnxruntime(base)
+    assert model is base and "MultiHeadAttention" not in _ops(model)
+
+
+def test_ort_rule_refuses_a_value_head_size_other_than_the_querys():
+    base = optimize(_attention_model(dtype=TensorProto.FLOAT16))
+    v = next(i for i in base.graph.input if i.name == "v")
+    v.type.tensor_type.shape.dim[3].dim_value = 16  # q and k: 8
+    for node in base.graph.node:  # the reshape merging v's (heads, head size) says so too
+        if node.op_type == "Reshape" and node.input[0] == "v":
+            shape = next((t for t in base.graph.initializer if t.name == node.input[1]), None)
+            if shape is not None:
+                values = onnx.numpy_helper.to_array(shape).copy()
+                values[-1] = 4 * 16 if values[-1] > 0 else values[-1]
+                shape.CopyFrom(onnx.numpy_helper.from_array(values, shape.name))
+    model = for_onnxruntime(base)
+    assert model is base and "MultiHeadAttention" not in _ops(model)

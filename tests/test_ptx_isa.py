@@ -220,3 +220,21 @@ def test_malformed_version_options_are_named(option, text):
 
     with pytest.raises(PtxIsaError, match=rf"^{option} '{text}' is not of the form MAJOR.MINOR$"):
         target_ptx_version({option: text})
+
+
+def test_ptxas_is_found_beside_the_real_location_of_a_linked_nvcc(monkeypatch, tmp_path):
+    # nvcc on PATH is a link into the toolkit (as /usr/bin/nvcc -> /opt/cuda/bin/nvcc); ptxas is
+    # only beside the link's target
+    toolkit = tmp_path / "toolkit" / "bin"
+    toolkit.mkdir(parents=True)
+    for tool in ("nvcc", "ptxas"):
+        (toolkit / tool).write_text("#!/bin/sh\n")
+        (toolkit / tool).chmod(0o755)
+    path = tmp_path / "path"
+    path.mkdir()
+    (path / "nvcc").symlink_to(toolkit / "nvcc")
+    monkeypatch.setenv("PATH", str(path))
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    assert find_ptxas() == str(toolkit / "ptxas")
+    (toolkit / "ptxas").unlink()
+    assert find_ptxas() is None

@@ -120,3 +120,99 @@ def test_ort_runner_without_cuda_ep_is_a_clear_error(cached):
         cached.run(*toy.example_inputs)
     with pytest.raises(KernelLensError, match="unknown options"):
         get_target("ort").runner(cached.ir, {}, speed="fast")
+
+
+# --- behaviours an audit found untested (issue 31) -----------------------------------------------
+class _FakeGraphDriver:
+    """Just the CUDA driver calls ``runtime.cuda_graph`` makes, over graphs given as data: graph
+    -> node handles, node -> CUgraphNodeType, child-graph nodes -> their graph, copy nodes -> the
+    memory type of their source."""
+
+    def __init__(self, graphs, kinds, children, copies):
+        self.graphs, self.kinds, self.children, self.copies = graphs, kinds, children, copies
+
+    def cuGraphGetNodes(self, graph, nodes, count):
+        listed = self.graphs[graph.value]
+        if nodes is not None:
+            for i, node in enumerate(listed):
+                nodes[i] = node
+        count._obj.value = len(listed)
+        return 0
+
+    def cuGraphNodeGetType(self, node, kind):
+        kind._obj.value = self.kinds[node.value]
+        return 0
+
+    def cuGraphChildGraphNodeGetGraph(self, node, child):
+        child._obj.value = self.children[node.value]
+        return 0
+
+    def cuGraphMemcpyNodeGetParams(self, node, params):
+        memory_type, nbytes = self.copies[node.value]
+        params._obj.srcMemoryType, params._obj.WidthInBytes = memory_type, nbytes
+        return 0
+
+    def cuPointerGetAttribute(self, value, attribute, pointer):
+        return 1  # not asked for: every copy here names its memory type
+
+
+def test_host_work_two_child_graphs_deep_is_found(monkeypatch):
+    from kernel_lens.runtime import cuda_graph
+
+    # graph 1: a kernel and a child graph (2); graph 2: a device copy and a child graph (3);
+    # graph 3: a host callback and a copy from host memory
+    fake = _FakeGraphDriver(graphs={1: [10, 11], 2: [20, 21], 3: [30, 31]},
+                            kinds={10: 0, 11: 4, 20: 1, 21: 4, 30: 3, 31: 1},
+                            children={11: 2, 21: 3}, copies={20: (2, 64), 31: (1, 256)})
+    monkeypatch.setattr(cuda_graph, "_driver", lambda: fake)
+    assert cuda_graph.host_dependencies(1) == ["a host callback", "a copy of 256 bytes from host memory"]
+    assert cuda_graph.node_kinds(1) == {"kernel": 1, "graph": 2, "memcpy": 2, "host": 1}
+    assert cuda_graph.host_dependencies(2) == cuda_graph.host_dependencies(1)
+    fake.kinds[30] = 0
+    fake.copies[31] = (2, 256)  # device memory only: nothing to refuse
+    assert cuda_graph.host_dependencies(1) == []
+
+
+def test_cuda_graph_true_means_the_torch_graph():
+    from kernel_lens.errors import InputError
+    from kernel_lens.runtime.ort import graph_mode
+
+    assert graph_mode(True) == "torch"  # as docs/ort.md documents
+    assert (graph_mode(False), graph_mode(None), graph_mode("ort")) == (None, None, "ort")
+    with pytest.raises(InputError, match="cuda_graph='cuda'"):
+        graph_mode("cuda")
+
+
+def test_out_tensors_sharing_memory_with_each_other_are_refused():
+    import torch
+
+    from conftest import CORPUS
+    from kernel_lens.errors import InputError
+    from kernel_lens.runtime.signature import CallSignature
+
+    two = load_module(CORPUS / "arg_jit_function.py")  # two outputs of one shape
+    ir = kl.lift(two.model, tuple(t.clone() for t in two.example_inputs),
+                 dynamic_shapes=two.dynamic_shapes, arch=90)
+    signature = CallSignature(ir, device_type="cpu")
+    x = tuple(t.clone() for t in two.example_inputs)
+    shapes = signature.output_shapes(signature.symbol_values(x))
+    assert len(shapes) == 2
+    outs = [torch.empty(s, dtype=o.dtype) for s, o in zip(shapes, signature.outputs)]
+    signature.check_out(outs, shapes, torch.device("cpu"), x)  # separate buffers: accepted
+    n0, n1 = outs[0].numel(), outs[1].numel()
+    buffer = torch.empty(n0 + n1, dtype=outs[0].dtype)
+    for first, second in ((buffer[:n0], buffer[:n1]),            # the same memory
+                          (buffer[1:n0 + 1], buffer[:n1])):      # overlapping by all but one
+        with pytest.raises(InputError, match=r"out\[1\] shares memory with out\[0\]"):
+            signature.check_out([first.view(shapes[0]), second.view(shapes[1])], shapes,
+                                torch.device("cpu"), x)
+    adjacent = [buffer[:n0].view(shapes[0]), buffer[n0:].view(shapes[1])]
+    signature.check_out(adjacent, shapes, torch.device("cpu"), x)  # touching, not sharing
+
+
+def test_the_compile_cache_is_keyed_by_targets(cached):
+    # the 'ort' compile above made a cache entry; a trt-v3 compile of the same model gets its own
+    trt = kl.compile(toy.model, toy.example_inputs, dynamic_shapes=toy.dynamic_shapes, arch=90,
+                     targets=["trt-v3"])
+    assert "trt-v3.library" in trt.artifacts and "ort.library" not in trt.artifacts
+    assert trt.artifacts["trt-v3.library"].parent != cached.artifacts["ort.library"].parent

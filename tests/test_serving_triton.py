@@ -362,3 +362,29 @@ def test_toy_model_through_numpy_depends_on_numpy(server):
         else:
             assert result.get_output("y")["parameters"]["binary_data_size"] == 0
     client.close()
+
+
+def test_max_batch_size_at_the_dims_max_is_accepted_and_a_negative_one_refused(toy, tmp_path):
+    at_max = _parse(export_triton(toy, tmp_path / "max", max_batch_size=1 << 20).config)
+    assert at_max.max_batch_size == 1 << 20  # n was compiled for 2..2**20: the max itself is fine
+    with pytest.raises(InputError, match=r"--max-batch-size must be 0 \(no batching\) or positive, got -1"):
+        export_triton(toy, tmp_path / "neg", max_batch_size=-1)
+
+
+def test_the_advised_library_path_survives_spaces_and_shell_characters(tmp_path):
+    from types import SimpleNamespace
+
+    from kernel_lens.serving.backends import OnnxRuntimeBackend
+
+    model_dir = tmp_path / "my repo" / "it's $HOME; `x`"
+    (model_dir / "1").mkdir(parents=True)
+    (note,) = OnnxRuntimeBackend().deployment_notes(model_dir, SimpleNamespace(library=Path("libkl_x_ort.so")))
+    form = note.split("LD_LIBRARY_PATH=", 1)[1].split(" (ONNX Runtime", 1)[0]
+    for before, after in ((None, ""), ("/opt/lib", ":/opt/lib")):
+        env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+        if before:
+            env["LD_LIBRARY_PATH"] = before
+        shown = subprocess.run(["bash", "-c", f"LD_LIBRARY_PATH={form} bash -c 'printf %s \"$LD_LIBRARY_PATH\"'"],
+                               capture_output=True, text=True, env=env)
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout == f"{(model_dir / '1').absolute()}{after}"
