@@ -1,9 +1,13 @@
-"""One ONNX graph for a model split by size (``GraphIR.pieces``): a chain of ``If`` nodes.
+"""One ONNX graph for a model split by size (``GraphIR.pieces``): a flat chain of ``If`` nodes.
 
 Each piece is lowered as a graph of its own (its launches numbered after the earlier pieces'),
-then becomes one branch: ``If(piece 0's sizes, then=piece 0, else=If(piece 1's sizes, ...,
-else=last piece))``. A piece's sizes are its boxes, ``lo <= s <= hi`` for each symbol ``s``
-read from its input dim (``Shape``, then ``(dim - offset) / scale``). Branch bodies read the
+then becomes one branch of a chain of ``If`` nodes, none inside another (TensorRT-RTX's builder
+fails on nested ``If``): ``r0 = If(piece 0's sizes, then=piece 0, else=<empty>)``, ``r_k =
+If(piece k's sizes, then=piece k, else=r_(k-1))``, and the last piece runs when no other
+matched, ``If(any other's sizes, then=r_(n-2), else=last piece)``, so sizes outside every
+piece reach its launches, whose range checks refuse them. The pieces' boxes are disjoint: one
+matches. A piece's sizes are its boxes, ``lo <= s <= hi`` for each symbol ``s`` read from its
+input dim (``Shape``, then ``(dim - offset) / scale``). Branch bodies read the
 graph inputs and the weights from the outer scope; every other name in a branch is prefixed with
 ``p<k>.`` (ONNX names are unique across nested graphs), weights identical across pieces are kept
 once at the top level, and each branch gives the same outputs: ``output_<i>``, then
@@ -33,19 +37,23 @@ def combine_pieces(ir: GraphIR, models: list[onnx.ModelProto]) -> onnx.ModelProt
     branches = []
     for k, model in enumerate(models):
         branches.append(_branch(model.graph, k, inputs, outputs, mutated, shared))
-    nodes = []
+    nodes: list = []
     conditions = [_condition(ir, piece.when, nodes, k) for k, piece in enumerate(ir.pieces[:-1])]
     final = outputs + mutated
-    else_graph = branches[-1]
-    for k in range(len(branches) - 2, -1, -1):
-        names = final if k == 0 else [f"if{k}.{n}" for n in final]
-        node = helper.make_node("If", [conditions[k]], names, name=f"size_piece_{k}",
-                                then_branch=branches[k], else_branch=else_graph)
-        if k == 0:
-            nodes.append(node)
-        else:
-            else_graph = helper.make_graph([node], f"pieces_from_{k}", [],
-                                           [_info_like(branches[k], o, n) for o, n in zip(_outs(branches[k]), names)])
+    previous = [_empty_like(branches[0].output[i], f"pieces.init.{n}", nodes) for i, n in enumerate(final)]
+    for k, condition in enumerate(conditions):  # r_k: piece k where its sizes match, else r_(k-1)
+        names = [f"pieces.r{k}.{n}" for n in final]
+        nodes.append(helper.make_node("If", [condition], names, name=f"size_piece_{k}",
+                                      then_branch=branches[k],
+                                      else_branch=_passing(previous, branches[k], f"keep_{k}")))
+        previous = names
+    last = len(branches) - 1
+    matched = conditions[0]
+    for k, condition in enumerate(conditions[1:], 1):
+        matched = _node(nodes, "Or", [matched, condition], f"pieces.matched.{k}")
+    nodes.append(helper.make_node("If", [matched], final, name=f"size_piece_{last}",
+                                  then_branch=_passing(previous, branches[last], "matched"),
+                                  else_branch=branches[last]))
     graph_inputs = [value_info(n, ir.values[n].dtype, ir.values[n].shape) for n in ir.inputs]
     graph_outputs = [_common(f, [b for b in branches], i) for i, f in enumerate(final)]
     graph = helper.make_graph(nodes, ir.name, graph_inputs, graph_outputs,
@@ -65,17 +73,33 @@ def combine_pieces(ir: GraphIR, models: list[onnx.ModelProto]) -> onnx.ModelProt
     return model
 
 
-def _outs(graph: onnx.GraphProto) -> list[str]:
-    return [o.name for o in graph.output]
+def _node(nodes: list, op: str, inputs: list[str], out: str, **attrs) -> str:
+    nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
+    return out
 
 
-def _info_like(graph: onnx.GraphProto, name: str, new: str) -> onnx.ValueInfoProto:
-    info = onnx.ValueInfoProto()
-    info.CopyFrom(next(o for o in graph.output if o.name == name))
-    info.name = new
-    for dim in info.type.tensor_type.shape.dim:  # shapes differ by piece: keep the rank only
-        dim.Clear()
-    return info
+def _empty_like(info: onnx.ValueInfoProto, name: str, nodes: list) -> str:
+    """An empty tensor of ``info``'s type and rank: the chain's value before any piece matched."""
+    tensor_type = info.type.tensor_type
+    rank = len(tensor_type.shape.dim)
+    return _node(nodes, "Constant", [], name, value=helper.make_tensor(
+        name, tensor_type.elem_type, [0] * max(rank, 1), []) if rank else helper.make_tensor(
+        name, tensor_type.elem_type, [], [0]))
+
+
+def _passing(values: list[str], like: onnx.GraphProto, name: str) -> onnx.GraphProto:
+    """A branch giving ``values`` (outer-scope names) as they are, typed like ``like``'s outputs
+    (any shape: the pieces' shapes differ)."""
+    outs = []
+    for value, info in zip(values, like.output):
+        out = onnx.ValueInfoProto()
+        out.CopyFrom(info)
+        out.name = f"{name}.{value}"
+        for dim in out.type.tensor_type.shape.dim:
+            dim.Clear()
+        outs.append(out)
+    return helper.make_graph([helper.make_node("Identity", [v], [o.name]) for v, o in zip(values, outs)],
+                             name, [], outs)
 
 
 def _common(name: str, branches: list[onnx.GraphProto], index: int) -> onnx.ValueInfoProto:
