@@ -94,7 +94,13 @@ def test_the_onnx_graph_chooses_the_piece_by_size(compiled):
 
     ir = compiled.ir
     model = lower_to_onnx(ir)
-    assert [n.op_type for n in model.graph.node][-1] == "If"
+    ifs = [n for n in model.graph.node if n.op_type == "If"]
+    assert len(ifs) == len(ir.pieces)  # one If per piece, at the top level (TensorRT's rules):
+    assert not [n for i in ifs for a in i.attribute for n in _all(a.g) if n.op_type == "If"]  # none nested
+    assert not [n for i in ifs for a in i.attribute for n in a.g.node  # no branch reads another's
+                if set(n.input) & {o for j in ifs for o in j.output}]  # output
+    producers = {o: n.op_type for n in model.graph.node for o in n.output}
+    assert {producers[o.name] for o in model.graph.output} == {"Reshape"}
     launches = [n for n in _all(model.graph) if n.domain == "kernel_lens"]
     assert sorted(a.i for n in launches for a in n.attribute if a.name == "launch") == list(range(18))
     model = with_reference_kernels(ir, model, {k: impls(k) for k in

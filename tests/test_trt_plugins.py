@@ -23,6 +23,7 @@ import kernel_lens as kl
 from kernel_lens.codegen.plan import build_plan
 from kernel_lens.errors import UnsupportedKernelError
 from kernel_lens.ir import DType, evaluate, parse
+from kernel_lens.onnx.lower import all_nodes
 from kernel_lens.targets.trt.target import plugin_names, trt_onnx, trt_sources
 from kernel_lens.toolchain import compilers
 from kernel_lens.toolchain.build import build_shared_library
@@ -63,7 +64,12 @@ def _ir(stem):
 
 
 def _size_sets(ir):
-    """The captured sizes, and each dynamic symbol moved inside its range (odd, off the block)."""
+    """The captured sizes, and each dynamic symbol moved inside its range (odd, off the block);
+    for a model split by size, a point in each piece (the middle of its first box)."""
+    if ir.pieces:
+        example = {n: s.example for n, s in ir.symbols.items()}
+        return [{**example, **{n: (lo + hi) // 2 for n, (lo, hi) in p.when[0].ranges.items()}}
+                for p in ir.pieces]
     example = {n: s.example for n, s in ir.symbols.items()}
     other = {}
     for n, s in ir.symbols.items():
@@ -78,12 +84,16 @@ def _cases(ir, plan, values):
     holding their input's bytes, other outputs untouched: the fake runs no kernel)."""
     lines, expected = [], []
     names = plugin_names(ir, plan)
-    for launch in plan.launches:
+    graph, first = ir, 0
+    if ir.pieces:  # the launches of the piece these sizes select (the others refuse them)
+        graph = ir.piece_for(values)
+        first = sum(len(p.graph.launches) for p in ir.pieces[:[p.graph for p in ir.pieces].index(graph)])
+    for launch in plan.launches[first:first + len(graph.launches)]:
         fields = [names[launch.kernel], str(launch.index), str(len(launch.inputs)),
                   str(len(launch.outputs))]
         in_bytes = []
         for i, value in enumerate(launch.inputs):
-            dims = [evaluate(parse(s, plan.symbols), values) for s in ir.values[value.value].shape]
+            dims = [evaluate(parse(s, plan.symbols), values) for s in graph.values[value.value].shape]
             fields += [str(TRT_TYPES[value.dtype]), str(len(dims)), *map(str, dims)]
             in_bytes.append(_pattern(i, math.prod(dims) * value.dtype.itemsize))
         fields += [str(TRT_TYPES[o.dtype]) for o in launch.outputs]
@@ -126,7 +136,7 @@ def test_plugins_build_and_answer_like_the_ir(stem, harness, trt_headers, fake_d
         return
     trt, cuda = trt_headers
     model = trt_onnx(ir)
-    plugin_nodes = [n for n in model.graph.node if n.domain == "kernel_lens"]
+    plugin_nodes = [n for n in all_nodes(model.graph) if n.domain == "kernel_lens"]  # in If branches too
     assert len(plugin_nodes) == len(plan.launches)
     for node in plugin_nodes:
         attrs = {a.name: a for a in node.attribute}

@@ -57,6 +57,7 @@ class LoweringContext(Protocol):
     """The lowering's state as translators use it (implemented by ``lower.Lowering``)."""
 
     opset: int
+    nodes: list[Any]  # the nodes made so far, in order
     constant_farm: dict[Any, Any]  # torchlib constants, shared by every op
 
     def node(self, op_type: str, inputs: list[str], n_out: int = 1, *, domain: str = "",

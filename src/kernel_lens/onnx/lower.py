@@ -795,7 +795,7 @@ def lower_to_onnx(ir: GraphIR, *, opset: int = MIN_OPSET,
         models.append(lower_graph(graph, opset=opset, mutated_inputs=mutated_inputs,
                                   launch_offset=offset))
         offset += len(piece.graph.launches)
-    model = combine_pieces(ir, models)
+    model = combine_pieces(ir, models, Lowering(ir, opset, mutated_inputs))
     check_ops(model)
     return model
 

@@ -1,19 +1,30 @@
-"""One ONNX graph for a model split by size (``GraphIR.pieces``): a flat chain of ``If`` nodes.
+"""One ONNX graph for a model split by size (``GraphIR.pieces``): one ``If`` per piece.
 
 Each piece is lowered as a graph of its own (its launches numbered after the earlier pieces'),
-then becomes one branch of a chain of ``If`` nodes, none inside another (TensorRT-RTX's builder
-fails on nested ``If``): ``r0 = If(piece 0's sizes, then=piece 0, else=<empty>)``, ``r_k =
-If(piece k's sizes, then=piece k, else=r_(k-1))``, and the last piece runs when no other
-matched, ``If(any other's sizes, then=r_(n-2), else=last piece)``, so sizes outside every
-piece reach its launches, whose range checks refuse them. The pieces' boxes are disjoint: one
-matches. A piece's sizes are its boxes, ``lo <= s <= hi`` for each symbol ``s`` read from its
-input dim (``Shape``, then ``(dim - offset) / scale``). Branch bodies read the
-graph inputs and the weights from the outer scope; every other name in a branch is prefixed with
-``p<k>.`` (ONNX names are unique across nested graphs), weights identical across pieces are kept
-once at the top level, and each branch gives the same outputs: ``output_<i>``, then
-``mutated_<input>`` for every input some piece writes (``Identity`` of the input where a piece
-does not write it). ONNX Runtime's CUDA EP and TensorRT both run ``If`` with a shape-derived
-condition; the condition is computed by the CPU from the input shapes.
+then becomes the ``then`` branch of an ``If`` of its own, at the top level (none inside another,
+none reading another's outputs). The graph must build with TensorRT, whose builder refuses an
+``If`` inside another, a value whose shape is known only at run time (an ``If`` output whose
+branches' shapes differ) read inside a conditional, and a ``Reshape`` that does not hold for
+every size of the profile even in a branch not taken. So:
+
+* piece ``k`` runs where its sizes match, ``f_k = If(c_k, then=flatten(piece k's output),
+  else=<empty>)``; the last piece where no other matched, ``c_last = Not(Or(c_0, ...))``, so
+  sizes outside every piece reach its launches, whose range checks refuse them. The boxes are
+  disjoint: exactly one ``f_k`` is not empty;
+* the output is ``Reshape(Concat(f_0, ..., f_last), S)``, ``S`` its shape computed from the
+  input shapes at the top level: each piece's shape expression, chosen with ``Where(c_k, ...)``.
+  The output's shape is then a function of the input shapes (no data-dependent shape for the
+  caller), and its values are the matching piece's, moved, never computed on (bit-exact).
+
+A piece's sizes are its boxes, ``lo <= s <= hi`` for each symbol ``s`` read from its input dim
+(``Shape``, then ``(dim - offset) / scale``). Branch bodies read the graph inputs and the weights
+from the outer scope; every other name in a branch is prefixed with ``p<k>.`` (ONNX names are
+unique across nested graphs), weights identical across pieces are kept once at the top level,
+and each branch gives the same outputs: ``output_<i>``, then ``mutated_<input>`` for every input
+some piece writes (``Identity`` of the input where a piece does not write it). ONNX Runtime's
+CUDA EP and TensorRT both run ``If`` with a shape-derived condition; the condition is computed by
+the CPU from the input shapes. The price of the flat selection is one copy of each output
+(``Concat``) per call.
 """
 
 from __future__ import annotations
@@ -24,38 +35,44 @@ import onnx
 from onnx import TensorProto, helper
 
 from ..ir import GraphIR, SizeBox
-from .context import onnx_dtype, value_info
+from .context import LoweringContext, onnx_dtype, value_info
 
 
-def combine_pieces(ir: GraphIR, models: list[onnx.ModelProto]) -> onnx.ModelProto:
-    """The model choosing between ``models`` (piece ``k`` lowered alone) by the pieces' sizes."""
+def combine_pieces(ir: GraphIR, models: list[onnx.ModelProto],
+                   sizes: LoweringContext) -> onnx.ModelProto:
+    """The model choosing between ``models`` (piece ``k`` lowered alone) by the pieces' sizes.
+    ``sizes`` is a lowering of ``ir`` (the top level) that computes symbolic sizes."""
     inputs = set(ir.inputs)
     outputs = [f"output_{i}" for i in range(len(ir.outputs))]
     mutated = sorted({o.name for m in models for o in m.graph.output if o.name.startswith("mutated_")},
                      key=lambda n: ir.inputs.index(n.removeprefix("mutated_")))
+    final = outputs + mutated
     shared: dict[str, onnx.TensorProto] = {}
-    branches = []
-    for k, model in enumerate(models):
-        branches.append(_branch(model.graph, k, inputs, outputs, mutated, shared))
+    branches = [_branch(model.graph, k, inputs, outputs, mutated, shared)
+                for k, model in enumerate(models)]
     nodes: list = []
     conditions = [_condition(ir, piece.when, nodes, k) for k, piece in enumerate(ir.pieces[:-1])]
-    final = outputs + mutated
-    previous = [_empty_like(branches[0].output[i], f"pieces.init.{n}", nodes) for i, n in enumerate(final)]
-    for k, condition in enumerate(conditions):  # r_k: piece k where its sizes match, else r_(k-1)
-        names = [f"pieces.r{k}.{n}" for n in final]
-        nodes.append(helper.make_node("If", [condition], names, name=f"size_piece_{k}",
-                                      then_branch=branches[k],
-                                      else_branch=_passing(previous, branches[k], f"keep_{k}")))
-        previous = names
-    last = len(branches) - 1
     matched = conditions[0]
     for k, condition in enumerate(conditions[1:], 1):
         matched = _node(nodes, "Or", [matched, condition], f"pieces.matched.{k}")
-    nodes.append(helper.make_node("If", [matched], final, name=f"size_piece_{last}",
-                                  then_branch=_passing(previous, branches[last], "matched"),
-                                  else_branch=branches[last]))
+    conditions.append(_node(nodes, "Not", [matched], "pieces.none_matched"))
+    shapes = _shapes(ir, sizes, conditions, len(outputs), mutated)
+    nodes.extend(sizes.nodes)
+    flat = _node(nodes, "Constant", [], "pieces.flat",
+                 value=helper.make_tensor("pieces.flat", TensorProto.INT64, [1], [-1]))
+    parts: list[list[str]] = [[] for _ in final]
+    for k, (condition, branch) in enumerate(zip(conditions, branches)):
+        names = [f"pieces.f{k}.{n}" for n in final]
+        nodes.append(helper.make_node("If", [condition], names, name=f"size_piece_{k}",
+                                      then_branch=_flattened(branch, flat),
+                                      else_branch=_empties(branch, f"none_{k}")))
+        for part, name in zip(parts, names):
+            part.append(name)
+    for name, part, shape in zip(final, parts, shapes):
+        joined = _node(nodes, "Concat", part, f"pieces.{name}", axis=0)
+        nodes.append(helper.make_node("Reshape", [joined, shape], [name], name=f"pieces.shape.{name}"))
     graph_inputs = [value_info(n, ir.values[n].dtype, ir.values[n].shape) for n in ir.inputs]
-    graph_outputs = [_common(f, [b for b in branches], i) for i, f in enumerate(final)]
+    graph_outputs = [_common(f, branches, i) for i, f in enumerate(final)]
     graph = helper.make_graph(nodes, ir.name, graph_inputs, graph_outputs,
                               initializer=list(shared.values()),
                               doc_string=f"Lowered by kernel_lens from GraphIR {ir.name!r}, split by "
@@ -73,33 +90,49 @@ def combine_pieces(ir: GraphIR, models: list[onnx.ModelProto]) -> onnx.ModelProt
     return model
 
 
+def _shapes(ir: GraphIR, sizes: LoweringContext, conditions: list[str], n_outputs: int,
+            mutated: list[str]) -> list[str]:
+    """Each output's shape (1-D int64) at the top level: the matching piece's expression."""
+    shapes = []
+    for i in range(n_outputs):
+        per_piece = [sizes.shape(p.graph.values[p.graph.outputs[i]]) for p in ir.pieces]
+        chosen = per_piece[-1]
+        for condition, shape in reversed(list(zip(conditions[:-1], per_piece[:-1]))):
+            if shape != chosen:  # equal expressions share one cached tensor
+                chosen = sizes.node("Where", [condition, shape, chosen])
+        shapes.append(chosen)
+    for name in mutated:  # an input keeps its shape
+        shapes.append(sizes.node("Shape", [name.removeprefix("mutated_")]))
+    return shapes
+
+
 def _node(nodes: list, op: str, inputs: list[str], out: str, **attrs) -> str:
     nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
     return out
 
 
-def _empty_like(info: onnx.ValueInfoProto, name: str, nodes: list) -> str:
-    """An empty tensor of ``info``'s type and rank: the chain's value before any piece matched."""
-    tensor_type = info.type.tensor_type
-    rank = len(tensor_type.shape.dim)
-    return _node(nodes, "Constant", [], name, value=helper.make_tensor(
-        name, tensor_type.elem_type, [0] * max(rank, 1), []) if rank else helper.make_tensor(
-        name, tensor_type.elem_type, [], [0]))
+def _flattened(branch: onnx.GraphProto, flat: str) -> onnx.GraphProto:
+    """``branch`` with each output reshaped to one dimension."""
+    out = onnx.GraphProto()
+    out.CopyFrom(branch)
+    del out.output[:]
+    for info in branch.output:
+        name = f"{info.name}.flat"
+        out.node.append(helper.make_node("Reshape", [info.name, flat], [name], name=name))
+        out.output.append(helper.make_tensor_value_info(name, info.type.tensor_type.elem_type, [None]))
+    return out
 
 
-def _passing(values: list[str], like: onnx.GraphProto, name: str) -> onnx.GraphProto:
-    """A branch giving ``values`` (outer-scope names) as they are, typed like ``like``'s outputs
-    (any shape: the pieces' shapes differ)."""
-    outs = []
-    for value, info in zip(values, like.output):
-        out = onnx.ValueInfoProto()
-        out.CopyFrom(info)
-        out.name = f"{name}.{value}"
-        for dim in out.type.tensor_type.shape.dim:
-            dim.Clear()
-        outs.append(out)
-    return helper.make_graph([helper.make_node("Identity", [v], [o.name]) for v, o in zip(values, outs)],
-                             name, [], outs)
+def _empties(like: onnx.GraphProto, name: str) -> onnx.GraphProto:
+    """A branch giving an empty 1-D tensor of each of ``like``'s output types."""
+    nodes, outs = [], []
+    for i, info in enumerate(like.output):
+        out = f"{name}.{i}"
+        elem = info.type.tensor_type.elem_type
+        nodes.append(helper.make_node("Constant", [], [out], name=out,
+                                      value=helper.make_tensor(out, elem, [0], [])))
+        outs.append(helper.make_tensor_value_info(out, elem, [0]))
+    return helper.make_graph(nodes, name, [], outs)
 
 
 def _common(name: str, branches: list[onnx.GraphProto], index: int) -> onnx.ValueInfoProto:
