@@ -178,3 +178,32 @@ def test_same_source_elsewhere_is_another_binary(cache, tmp_path, triton_runs, m
     assert f'.file\t1 "{copy}"' in copied.ptx
     assert original.ptx.replace(str(CORPUS / "vector_add.py"), str(copy)) != copied.ptx  # lines
     assert len(triton_runs) == 4  # specialized + generic, for each file
+
+
+def test_tritons_own_cache_is_neither_read_nor_written(kernel, tmp_path, monkeypatch):
+    """Triton's cache (TRITON_CACHE_DIR) is not kernel_lens's to vouch for: an entry edited there
+    (here a world-writable folder) must not reach the IR, and a compile writes nothing there."""
+    shared = tmp_path / "triton"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(shared))
+    real = aot._untrusting_compile
+
+    def plain(src, arch, options):  # what a compile through Triton's cache does
+        return triton.compile(src, target=aot.tc.target_for(arch), options=options)
+
+    monkeypatch.setattr(aot, "_untrusting_compile", plain)
+    monkeypatch.setenv("KERNEL_LENS_CACHE", str(tmp_path / "kl1"))
+    _compile(kernel)  # Triton's cache now holds this compile's entry
+    ptx_files = list(shared.rglob("*.ptx"))
+    assert ptx_files
+    for path in ptx_files:
+        path.write_text(path.read_text() + "\n// planted\n")
+    monkeypatch.setenv("KERNEL_LENS_CACHE", str(tmp_path / "kl2"))
+    assert "// planted" in _compile(kernel).ptx  # read back through Triton's cache
+
+    monkeypatch.setattr(aot, "_untrusting_compile", real)
+    monkeypatch.setenv("KERNEL_LENS_CACHE", str(tmp_path / "kl3"))
+    before = sorted((p, p.stat().st_mtime_ns) for p in shared.rglob("*"))
+    assert "// planted" not in _compile(kernel).ptx
+    assert sorted((p, p.stat().st_mtime_ns) for p in shared.rglob("*")) == before

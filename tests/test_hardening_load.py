@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import onnx
@@ -237,6 +238,13 @@ def test_out_sharing_memory_with_an_input_is_refused(toy_ir):
     sig.check_out([torch.empty(64)], shapes, cpu, [x, y])  # a separate tensor is fine
     halves = torch.randn(128)
     sig.check_out([halves[64:]], shapes, cpu, [halves[:64], y])  # adjacent, not overlapping
+    strided = torch.randn(192)  # input x = every other element of [0, 128): it reaches 126
+    with pytest.raises(InputError, match=r"out\[0\] shares memory with input 'x'"):
+        sig.check_out([strided[64:128]], shapes, cpu, [strided[:128:2], y])
+    sig.check_out([strided[127:191]], shapes, cpu, [strided[:128:2], y])  # just past its last element
+    column = torch.randn(64, 3)  # a column view: 64 elements 3 apart
+    with pytest.raises(InputError, match=r"out\[0\] shares memory with input 'y'"):
+        sig.check_out([column.view(-1)[100:164]], shapes, cpu, [x, column[:, 0]])
 
 
 def test_ort_run_checks_out_aliasing_before_ort_is_reached(folder, cuda_ep):
@@ -265,3 +273,11 @@ def test_deeply_nested_manifest_is_an_artifact_error(folder):
     (folder / MANIFEST).write_text('{"artifacts": ' + "[" * 100_000 + "]" * 100_000 + "}")
     with pytest.raises(ArtifactError, match=r"kernel_lens.json' is not a valid manifest \(RecursionError"):
         kl.load(folder)
+
+
+def test_a_manifest_naming_too_many_artifacts_is_refused(folder):
+    _manifest(folder, **{f"extra{i}": "ToyModel.onnx" for i in range(100_000)})
+    start = time.perf_counter()
+    with pytest.raises(ArtifactError, match=r"names 100003 artifacts; a kernel_lens folder holds at most 64"):
+        kl.load(folder)
+    assert time.perf_counter() - start < 5

@@ -133,8 +133,7 @@ def test_model_py_opens_only_plain_file_names_of_its_folder(monkeypatch, tmp_pat
                                                 ("python", "ort.library", "model.onnx")])
 def test_an_artifact_named_like_an_export_file_is_refused(compiled, tmp_path, backend, kind, clash):
     _rename_artifact(compiled, kind, clash)
-    with pytest.raises(ArtifactError, match=rf"the op library .*{clash} is named '{re.escape(clash)}', "
-                                            rf"as is the .* in the exported NAME/1/"):
+    with pytest.raises(ArtifactError, match=rf"the op library '{re.escape(clash)}' is not named as a shared library"):
         export_triton(compiled, tmp_path / "repo", name="toy", backend=backend)
     assert not (tmp_path / "repo" / "toy").exists()
 
@@ -368,3 +367,52 @@ def test_a_stop_signal_ends_the_server_group_and_removes_the_work_folder(install
         for pid in _read_pids(pids) if pids.exists() else []:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+# --- a launcher killed outright leaves no server and no work folder -------------------------------
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")  # a zombie waits for a parent that is not its launcher any more
+
+
+def _launcher(work: Path, release: bool) -> subprocess.Popen:
+    """A process that starts a stand-in server (its own session, as TritonServer.start does) and
+    its reaper, prints the server's pid, then waits to be killed (or releases the reaper first)."""
+    code = (f"import subprocess, sys, time\nfrom pathlib import Path\n"
+            f"from kernel_lens.serving.tritonserver import release_reaper, start_reaper\n"
+            f"server = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+            f"reaper = start_reaper(server.pid, Path({str(work)!r}), False)\n"
+            f"{'release_reaper(reaper)' if release else ''}\n"
+            f"print(server.pid, flush=True)\ntime.sleep(300)\n")
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+
+
+def test_a_sigkilled_launcher_leaves_no_server_and_no_work_folder(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    launcher = _launcher(work, release=False)
+    server = int(launcher.stdout.readline())
+    assert not _gone(server)
+    launcher.kill()
+    launcher.wait()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and not (_gone(server) and not work.exists()):
+        time.sleep(0.1)
+    assert _gone(server) and not work.exists()
+
+
+def test_a_released_reaper_leaves_the_server_alone(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    launcher = _launcher(work, release=True)
+    server = int(launcher.stdout.readline())
+    try:
+        launcher.kill()
+        launcher.wait()
+        time.sleep(1.0)
+        assert not _gone(server) and work.exists()  # stop() had ended it: the reaper does nothing
+    finally:
+        os.killpg(server, signal.SIGKILL)

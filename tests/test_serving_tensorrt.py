@@ -70,7 +70,7 @@ def test_tensorrt_plan_export_and_plugin_registration(rtx, trt_headers, tmp_path
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     model_dir = repo / "toy"
-    shim = model_dir / "1" / "libkl_ToyModel_trt_v3_register.so"
+    (shim,) = (model_dir / "1").glob("libkl_ToyModel_trt_v3_*_register.so")
     assert f"--backend-config=tensorrt,plugins={shim.absolute()}" in proc.stdout + proc.stderr
 
     config = text_format.Parse((model_dir / "config.pbtxt").read_text(), mc.ModelConfig())

@@ -14,9 +14,11 @@ Serving the compiled model needs a GPU: tests/gpu/test_gpu_serving.py."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -124,21 +126,22 @@ def test_config_agrees_with_the_onnx_graph(compiled, backend, tmp_path):
         (2, mc.ModelInstanceGroup.KIND_GPU if backend == "onnxruntime" else mc.ModelInstanceGroup.KIND_AUTO)]
     names = _check_files_inside(config, model_dir)
     version = model_dir / "1"
+    shared = f"{library.stem}_{hashlib.sha256(library.read_bytes()).hexdigest()[:12]}.so"
     assert (version / "model.onnx").read_bytes() == graph_path.read_bytes()
-    assert (version / library.name).read_bytes() == library.read_bytes()
+    assert (version / shared).read_bytes() == library.read_bytes()
     if backend == "onnxruntime":
         assert config.platform == "onnxruntime_onnx" and not config.backend
         assert config.default_model_filename == "model.onnx"
-        assert list(config.model_operations.op_library_filename) == [library.name]
+        assert list(config.model_operations.op_library_filename) == [shared]
         (cuda,) = config.optimization.execution_accelerators.gpu_execution_accelerator
         assert cuda.name == "cuda" and dict(cuda.parameters) == {"use_tf32": "0"}
-        assert sorted(names) == sorted(["model.onnx", library.name])
+        assert sorted(names) == sorted(["model.onnx", shared])
         assert not (version / "model.py").exists()
     else:
         assert config.backend == "python" and not config.platform
         params = {k: v.string_value for k, v in config.parameters.items()}
         assert params == {"FORCE_CPU_ONLY_INPUT_TENSORS": "no", "kernel_lens_onnx": "model.onnx",
-                          "kernel_lens_op_library": library.name, "kernel_lens_use_tf32": "0"}
+                          "kernel_lens_op_library": shared, "kernel_lens_use_tf32": "0"}
         assert (version / "model.py").read_text() == MODEL_PY.read_text()
     assert sorted(p.name for p in version.iterdir()) == sorted(result.files)
 
@@ -198,8 +201,29 @@ def test_names_are_validated_and_foreign_folders_kept(toy, tmp_path):
     # A re-export replaces its own folder whole: nothing of the other backend stays behind.
     export_triton(toy, repo, name="toy", backend="python")
     export_triton(toy, repo, name="toy", backend="onnxruntime")
-    assert sorted(p.name for p in (repo / "toy" / "1").iterdir()) == ["libkl_ToyModel_ort.so", "model.onnx"]
+    library, onnx_file = sorted(p.name for p in (repo / "toy" / "1").iterdir())
+    assert re.fullmatch(r"libkl_ToyModel_ort_[0-9a-f]{12}\.so", library) and onnx_file == "model.onnx"
     assert sorted(p.name for p in repo.iterdir()) == ["mine", "toy"]  # no staging folder left
+
+
+def test_two_models_of_one_class_name_share_no_library_name(toy, tmp_path):
+    """A server finds an op library by its bare name and loads a name once: two models of one
+    class name whose libraries differ get two names; the same library, one name."""
+    other = tmp_path / "other"
+    shutil.copytree(toy, other)
+    manifest = json.loads((other / "kernel_lens.json").read_text())
+    library = other / manifest["artifacts"]["ort.library"]
+    library.write_bytes(library.read_bytes() + b"\0")  # another model's library, same class name
+    repo = tmp_path / "repo"
+    first, second = export_triton(toy, repo, name="first"), export_triton(other, repo, name="second")
+    again = export_triton(toy, repo, name="again")
+    names = [[lib for lib in e.files if lib.endswith(".so")] for e in (first, second, again)]
+    assert names[0] == names[2] != names[1] and len(names[0]) == 1
+    for export in (first, second, again):
+        (lib,) = [f for f in export.files if f.endswith(".so")]
+        config = _parse(export.config)
+        assert list(config.model_operations.op_library_filename) == [lib]
+        assert hashlib.sha256(export.files[lib].read_bytes()).hexdigest()[:12] in lib
 
 
 def test_cli_export_triton(toy, tmp_path):
@@ -378,7 +402,7 @@ def test_the_advised_library_path_survives_spaces_and_shell_characters(tmp_path)
 
     model_dir = tmp_path / "my repo" / "it's $HOME; `x`"
     (model_dir / "1").mkdir(parents=True)
-    (note,) = OnnxRuntimeBackend().deployment_notes(model_dir, SimpleNamespace(library=Path("libkl_x_ort.so")))
+    (note,) = OnnxRuntimeBackend().deployment_notes(model_dir, SimpleNamespace(library_name="libkl_x_ort_0123456789ab.so"))
     form = note.split("LD_LIBRARY_PATH=", 1)[1].split(" (ONNX Runtime", 1)[0]
     for before, after in ((None, ""), ("/opt/lib", ":/opt/lib")):
         env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}

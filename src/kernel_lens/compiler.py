@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import json
 import logging
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 
 
 MANIFEST = "kernel_lens.json"
+MAX_ARTIFACTS = 64  # entries a manifest may name (a compile writes a few per target)
 
 
 @dataclass
@@ -268,6 +270,9 @@ def load(directory: str | Path, *, cuda_graph: bool = False) -> CompiledModel:
     if not isinstance(manifest, dict) or not isinstance(manifest.get("artifacts"), dict):
         raise ArtifactError(f"{_shown(manifest_path)} is malformed: expected an object with an "
                             f"'artifacts' object; recompile into the folder")
+    if len(manifest["artifacts"]) > MAX_ARTIFACTS:
+        raise ArtifactError(f"{_shown(manifest_path)} names {len(manifest['artifacts'])} artifacts; a "
+                            f"kernel_lens folder holds at most {MAX_ARTIFACTS}; recompile into the folder")
     artifacts = {k: _manifest_path(root, manifest_path, k, v) for k, v in manifest["artifacts"].items()}
     if "ir" not in artifacts:
         raise ArtifactError(f"{_shown(manifest_path)} names no IR ('ir' entry); recompile into the folder")
@@ -367,8 +372,12 @@ def check_autotune(autotune: dict | None, ir: GraphIR) -> None:
                              f"{', '.join(tuned) or 'none'}")
 
 
-def pass_context(options: dict | None = None) -> PassContext:
-    return PassContext(options=dict(options or {}), compile_binary=compile_binary)
+def pass_context(options: dict | None = None, *, import_kernels: bool = False) -> PassContext:
+    """The context the built-in passes run with: ``options``, and a kernel compiler that finds a
+    kernel's @triton.jit functions where this process captured or imported them. An IR read from
+    JSON names modules; they are imported only with ``import_kernels=True``."""
+    return PassContext(options=dict(options or {}),
+                       compile_binary=functools.partial(compile_binary, import_modules=import_kernels))
 
 
 def compile(model: Callable, example_inputs: Iterable[Any], *, dynamic_shapes: Any = None,

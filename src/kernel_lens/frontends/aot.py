@@ -28,6 +28,7 @@ import logging
 import os
 import re
 import sysconfig
+import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -48,13 +49,14 @@ from .source import resolve_jit
 log = logging.getLogger(__name__)
 
 
-def signature_for(kernel: KernelIR, assumptions: dict[str, Specialization]):
+def signature_for(kernel: KernelIR, assumptions: dict[str, Specialization], *,
+                  import_modules: bool = False):
     """Triton's (specialization list, bound constexprs, integer types) for a binary of
     ``kernel`` under ``assumptions`` (:func:`.arguments.rebuild`)."""
-    return arguments.rebuild(kernel, assumptions, jit_resolver(kernel))
+    return arguments.rebuild(kernel, assumptions, jit_resolver(kernel, import_modules=import_modules))
 
 
-def jit_resolver(kernel: KernelIR):
+def jit_resolver(kernel: KernelIR, *, import_modules: bool = False):
     """qualname -> the live @triton.jit function, for functions the kernel takes as constexprs
     (their sources are among the kernel's helpers)."""
     helpers = {h.qualname: h for h in kernel.helpers}
@@ -63,7 +65,7 @@ def jit_resolver(kernel: KernelIR):
         if qualname not in helpers:
             raise CompilationError(f"kernel {kernel.name}: the @triton.jit function {qualname} it "
                                    f"takes as a constexpr is not among its helpers in the IR")
-        return resolve_jit(helpers[qualname])
+        return resolve_jit(helpers[qualname], import_modules=import_modules)
     return resolve
 
 
@@ -194,7 +196,7 @@ def _compile(kernel: KernelIR, src: ASTSource, arch: int, options: dict):
     """Triton's compiled kernel (or our cache's copy of it): ``.metadata`` and ``.asm``."""
     def fresh():
         try:
-            return triton.compile(src, target=tc.target_for(arch), options=options)
+            return _untrusting_compile(src, arch, options)
         except Exception as exc:  # Triton raises CompilationError and plain errors alike
             raise CompilationError(f"kernel {kernel.name}: Triton failed to compile it for "
                                    f"sm_{arch}: {exc}") from exc
@@ -216,6 +218,19 @@ def _compile(kernel: KernelIR, src: ASTSource, arch: int, options: dict):
     return compiled
 
 
+def _untrusting_compile(src: ASTSource, arch: int, options: dict):
+    """``triton.compile`` reading nothing from Triton's own cache (``TRITON_CACHE_DIR``, which
+    kernel_lens cannot vouch for: an edited PTX or cubin there would go into the IR) and writing
+    nothing to it: Triton's cache is a private folder made for this compile and removed after it
+    (the compiled kernel is read into memory). Reuse comes from kernel_lens's own cache, whose
+    trust rules (:mod:`kernel_lens.toolchain.cache`) hold for everything a compile reads."""
+    with tempfile.TemporaryDirectory(prefix="kl_triton_") as private, \
+            triton.knobs.cache.scope(), triton.knobs.compilation.scope():
+        triton.knobs.cache.dir = private
+        triton.knobs.compilation.always_compile = True
+        return triton.compile(src, target=tc.target_for(arch), options=options)
+
+
 def _tma_meta(md) -> list | None:
     """Triton's ``tensordesc_meta`` (None or [] when no descriptor is lowered to TMA) as plain
     data: one entry per descriptor parameter, None for one passed as pointer, shape, strides."""
@@ -227,10 +242,12 @@ def _tma_meta(md) -> list | None:
 
 
 def compile_binary(kernel: KernelIR, arch: int, assumptions: dict[str, Specialization],
-                   specialized: bool) -> KernelBinary:
-    jit_fn = resolve_jit(kernel.source)
+                   specialized: bool, *, import_modules: bool = False) -> KernelBinary:
+    """A binary of ``kernel`` for ``arch``; its @triton.jit functions are found as
+    :func:`.source.resolve_jit` finds them (``import_modules``: import their modules)."""
+    jit_fn = resolve_jit(kernel.source, import_modules=import_modules)
     backend = tc.backend_for(arch)
-    specialization, bound, int_types = signature_for(kernel, assumptions)
+    specialization, bound, int_types = signature_for(kernel, assumptions, import_modules=import_modules)
     opts = {"num_warps": kernel.options.num_warps, "num_stages": kernel.options.num_stages,
             "num_ctas": kernel.options.num_ctas, **kernel.options.extra}
     options, signature, constexprs, attrs = jit_fn._pack_args(backend, dict(opts), bound,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib
+import sys
 import inspect
 import textwrap
 import types
@@ -133,14 +134,24 @@ def _identity(source: SourceInfo) -> tuple[str, str, str, int]:
     return source.source_hash, source.qualname, source.file, source.line
 
 
-def resolve_jit(source: SourceInfo) -> Any:
-    """The live JITFunction for a SourceInfo (same process, or importable by module name)."""
+def resolve_jit(source: SourceInfo, *, import_modules: bool = False) -> Any:
+    """The live JITFunction for a SourceInfo: the one captured in this process, else the one in
+    a module this process has already imported. An IR document is data: the module it names is
+    imported only when the caller asks (``import_modules=True``), never on the document's word."""
     fn = _registry.get(_identity(source))
     if fn is not None:
         return fn
     module_name, _, attr = source.qualname.rpartition(".")
+    module = sys.modules.get(module_name)
+    if module is None and not import_modules:
+        raise KernelSourceError(
+            f"kernel {source.qualname}: module {module_name!r} is not imported, and kernel_lens "
+            f"imports nothing an IR document names; import it before compiling, or pass "
+            f"import_kernels=True to import it"
+        )
     try:
-        module = importlib.import_module(module_name)
+        if module is None:
+            module = importlib.import_module(module_name)
         fn = getattr(module, attr)
     except (ImportError, AttributeError) as exc:
         raise KernelSourceError(

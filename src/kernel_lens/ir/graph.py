@@ -21,6 +21,15 @@ from .types import DType
 
 SCHEMA_VERSION = "1.3"
 
+# What one document may hold: far past any model (an 80-layer LLM launches a few thousand
+# kernels), near enough that a crafted document is refused before it costs seconds or gigabytes.
+MAX_SYMBOLS = 256
+MAX_VALUES = 262_144
+MAX_OPS = 65_536
+MAX_LAUNCHES = 4_096
+MAX_KERNELS = 1_024
+MAX_PIECES = 64
+
 
 class _Model(BaseModel):
     # Float constants (scalar kernel arguments) may be inf or nan: JSON gets Infinity/NaN.
@@ -161,6 +170,29 @@ class SizePiece(_Model):
     graph: "GraphIR" = Field(description="a complete graph for those sizes (it has no pieces)")
 
 
+def _check_scalar(order: int, kernel: KernelIR, arg: "LaunchArg") -> None:
+    """A scalar argument given as a constant holds a value of its parameter's type."""
+    try:
+        dtype = kernel.param(arg.name).dtype
+    except KeyError:
+        raise ValueError(f"launch {order}: argument {arg.name!r} is not a parameter of kernel "
+                         f"{kernel.name}") from None
+    value = arg.constant
+    if dtype is None:
+        return
+    if dtype.is_float:
+        ok = isinstance(value, (int, float))
+    elif dtype == DType.i1:
+        ok = isinstance(value, bool) or value in (0, 1)
+    else:
+        bits = dtype.itemsize * 8
+        lo, hi = (0, 2 ** bits - 1) if dtype.value.startswith("u") else (-2 ** (bits - 1), 2 ** bits - 1)
+        ok = isinstance(value, int) and lo <= value <= hi
+    if not ok:
+        raise ValueError(f"launch {order}: scalar argument {arg.name!r} is {value!r}, not a "
+                         f"{dtype.value} value (kernel {kernel.name}'s parameter type)")
+
+
 class GraphIR(_Model):
     """A model whose forward launches Triton kernels, lifted into data.
 
@@ -178,22 +210,36 @@ class GraphIR(_Model):
                               "never used in a path, C++ or ONNX)")
     arch: int = Field(description="compute capability the kernels were compiled for")
     symbols: dict[Identifier, SymbolInfo] = Field(
-        default_factory=dict, description="dimension symbol -> which graph input and dim it is"
-    )
+        default_factory=dict, max_length=MAX_SYMBOLS,
+        description="dimension symbol -> which graph input and dim it is")
     inputs: list[Identifier] = Field(description="graph inputs, by value name, in call order")
     outputs: list[Identifier] = Field(description="graph outputs, by value name, in return order")
-    values: dict[Identifier, TensorValue] = Field(default_factory=dict)
+    values: dict[Identifier, TensorValue] = Field(default_factory=dict, max_length=MAX_VALUES)
     constants: dict[Identifier, ConstantData] = Field(default_factory=dict)
-    ops: list[TorchOp] = Field(default_factory=list)
-    launches: list[Launch] = Field(default_factory=list)
-    kernels: dict[Identifier, KernelIR] = Field(default_factory=dict)
+    ops: list[TorchOp] = Field(default_factory=list, max_length=MAX_OPS)
+    launches: list[Launch] = Field(default_factory=list, max_length=MAX_LAUNCHES)
+    kernels: dict[Identifier, KernelIR] = Field(default_factory=dict, max_length=MAX_KERNELS)
     facts: list[str] = Field(
         default_factory=list, description="what the IR is known to satisfy (passes' 'provides')"
     )
     passes_run: list[str] = Field(default_factory=list, description="passes applied, in order")
     pieces: list[SizePiece] = Field(
-        default_factory=list, description="size branches: the graphs serving parts of the declared "
+        default_factory=list, max_length=MAX_PIECES, description="size branches: the graphs serving parts of the declared "
         "ranges, tried in order (empty: one graph, this one, serves every size)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _within_limits(cls, data):
+        """Sizes checked before anything is validated: a crafted document costs no time."""
+        if isinstance(data, dict):
+            for field, limit in (("symbols", MAX_SYMBOLS), ("values", MAX_VALUES), ("ops", MAX_OPS),
+                                 ("launches", MAX_LAUNCHES), ("kernels", MAX_KERNELS),
+                                 ("pieces", MAX_PIECES)):
+                held = data.get(field)
+                if isinstance(held, (list, dict)) and len(held) > limit:
+                    raise ValueError(f"{field} holds {len(held)} entries; an IR holds at most "
+                                     f"{limit} (a limit of kernel_lens, far past any real model)")
+        return data
 
     @model_validator(mode="after")
     def _pieces_are_consistent(self) -> "GraphIR":
@@ -273,6 +319,13 @@ class GraphIR(_Model):
                 unknown = {s.name for s in parse(text).free_symbols} - names
                 if unknown:
                     raise ValueError(f"launch {launch.order}: grid uses undeclared symbols {unknown}")
+            kernel = self.kernels[launch.kernel]
+            for arg in launch.args:
+                if arg.value is not None and arg.value not in self.values:
+                    raise ValueError(f"launch {launch.order}: argument {arg.name!r} names tensor "
+                                     f"{arg.value!r}, which is not a value of the graph")
+                if arg.role == "scalar" and arg.expr is None:
+                    _check_scalar(launch.order, kernel, arg)
         return self
 
     # --- convenience -------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import operator
 from typing import Annotated, Callable, Iterable, Mapping
 
 import sympy
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from ..errors import SymbolicError
 
@@ -30,6 +30,8 @@ MAX_LENGTH = 10_000      # characters in one expression
 MAX_DEPTH = 100          # nesting of the syntax tree
 MAX_BITS = 4096          # bits of any integer constant the parser builds (base**exp included)
 MAX_EXPONENT = 64        # |exp| in base**exp; exp must be an integer literal
+MAX_SIZE_EXPONENT = 8    # |exp| in base**exp where the base holds a size (s**64 is no size)
+MAX_FREE_SYMBOLS = 32    # distinct sizes one expression reads
 
 # Characters an expression may contain; published as the JSON schema's `pattern`.
 PATTERN = r"^[A-Za-z0-9_ +\-*/%()<>=!&|~,]*$"
@@ -136,6 +138,8 @@ class _Builder:
             raise self.fail(f"constant power larger than {MAX_BITS} bits")
         if base == 0 and exp < 0:
             raise self.fail("division by zero")
+        if abs(exp) > MAX_SIZE_EXPONENT and base.free_symbols:
+            raise self.fail(f"a size to the power {exp}: at most {MAX_SIZE_EXPONENT}")
         return self.check(sympy.Pow(base, exp))
 
     def check(self, value: sympy.Basic) -> sympy.Basic:
@@ -168,8 +172,14 @@ def _parse(text: str) -> sympy.Basic:
         raise SymbolicError(f"cannot parse symbolic expression {_clip(text)!r}: "
                             f"{type(exc).__name__}") from None
     builder = _Builder(text)
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    if len(names) > MAX_FREE_SYMBOLS + len(_FUNCTIONS):
+        raise builder.fail(f"it names {len(names)} sizes; at most {MAX_FREE_SYMBOLS}")
     try:
-        return builder.build(tree.body)
+        result = builder.build(tree.body)
+        if len(result.free_symbols) > MAX_FREE_SYMBOLS:
+            raise builder.fail(f"it reads {len(result.free_symbols)} sizes; at most {MAX_FREE_SYMBOLS}")
+        return result
     except RecursionError:
         raise builder.fail("nested too deeply") from None
     except (TypeError, ValueError, ZeroDivisionError, AttributeError) as exc:
@@ -312,6 +322,12 @@ class SymbolInfo(BaseModel):
     example: int = Field(description="its value in the example inputs the model was captured with")
     scale: int = Field(default=1, ge=1, description="the dim's size is scale*symbol + offset")
     offset: int = Field(default=0, description="the dim's size is scale*symbol + offset")
+
+    @model_validator(mode="after")
+    def _range_is_a_range(self) -> "SymbolInfo":
+        if self.max is not None and self.max < self.min:
+            raise ValueError(f"its range [{self.min}, {self.max}] is empty (max < min)")
+        return self
 
 
 Interval = tuple[sympy.Expr, sympy.Expr]  # (lower, upper); +-oo where unbounded

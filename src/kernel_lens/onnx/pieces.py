@@ -116,6 +116,7 @@ def _flattened(branch: onnx.GraphProto, flat: str) -> onnx.GraphProto:
     out = onnx.GraphProto()
     out.CopyFrom(branch)
     del out.output[:]
+    out.value_info.extend(branch.output)  # typed: a launch node's output type is not inferred
     for info in branch.output:
         name = f"{info.name}.flat"
         out.node.append(helper.make_node("Reshape", [info.name, flat], [name], name=name))

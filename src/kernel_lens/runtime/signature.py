@@ -174,6 +174,12 @@ class CallSignature:
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
-    """The bytes a contiguous tensor occupies, [start, end) (empty for a tensor of no elements)."""
+    """The bytes from a tensor's first element to the end of its last, [start, end), by its
+    strides (a strided view reaches past ``numel`` elements; empty for a tensor of no elements)."""
     start = t.data_ptr()
-    return start, start + t.numel() * t.element_size()
+    if t.numel() == 0:
+        return start, start
+    low = sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if s < 0)
+    high = sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if s > 0)
+    size = t.element_size()
+    return start + low * size, start + (high + 1) * size

@@ -9,6 +9,8 @@ interface from the ONNX graph, names, the atomic write. A new kind is one more c
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +41,18 @@ class CompiledArtifacts:
     library: Path               # the custom-op / plugin library (libkl_<Name>_ort.so, ..._trt_v3.so)
     ir: GraphIR | None = None   # the compiled IR
     target: str = "ort"         # the kernel_lens target whose artifacts these are
+
+    @functools.cached_property
+    def library_name(self) -> str:
+        """The library's name in the repository: its compiled name and the first 12 hex digits
+        of its content's SHA-256 (``libkl_<Name>_ort_<digits>.so``). A server finds the library by
+        this bare name and loads a name once per process, so two models of one class name
+        exported into one repository must not share it unless their libraries are the same."""
+        digest = hashlib.sha256()
+        with open(self.library, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        return f"{self.library.stem}_{digest.hexdigest()[:12]}{self.library.suffix}"
 
 
 @dataclass(frozen=True)
@@ -77,7 +91,7 @@ class TritonBackend:
         return [(MODEL_FILE, f"the ONNX graph's copy {MODEL_FILE}", source.onnx),
                 *((name, f"the external data file {path} of {source.onnx}", path)
                   for name, path in source.onnx_data.items()),
-                (source.library.name, f"the op library {source.library}", source.library)]
+                (source.library_name, f"the op library {source.library}", source.library)]
 
     def config(self, source: CompiledArtifacts) -> BackendConfig:
         raise NotImplementedError
@@ -97,14 +111,14 @@ class OnnxRuntimeBackend(TritonBackend):
     def config(self, source: CompiledArtifacts) -> BackendConfig:
         return BackendConfig(
             platform="onnxruntime_onnx", instance_kind="KIND_GPU", default_model_filename=MODEL_FILE,
-            cuda_options=dict(CUDA_OPTIONS), op_libraries=[source.library.name],
+            cuda_options=dict(CUDA_OPTIONS), op_libraries=[source.library_name],
             notes=["op_library_filename is a bare file name: ONNX Runtime dlopen()s it as given, so",
                    f"start tritonserver with LD_LIBRARY_PATH=<this folder>/{VERSION}{_REST}",
                    "(or replace it with the library's absolute path); see docs/serving.md."])
 
     def deployment_notes(self, model_dir: Path, source: CompiledArtifacts) -> list[str]:
         folder = (model_dir / VERSION).absolute()
-        return [f"op_library_filename is the bare name {source.library.name}: start tritonserver "
+        return [f"op_library_filename is the bare name {source.library_name}: start tritonserver "
                 f"with LD_LIBRARY_PATH={shlex.quote(str(folder))}{_REST} (ONNX Runtime dlopen()s "
                 f"the name as given; a relative path would resolve against the server's working "
                 f"folder)"]
@@ -126,7 +140,7 @@ class PythonBackend(TritonBackend):
             backend="python", instance_kind="KIND_AUTO",
             parameters={"FORCE_CPU_ONLY_INPUT_TENSORS": "no",  # GPU inputs stay on the GPU
                         "kernel_lens_onnx": MODEL_FILE,
-                        "kernel_lens_op_library": source.library.name,
+                        "kernel_lens_op_library": source.library_name,
                         "kernel_lens_use_tf32": CUDA_OPTIONS["use_tf32"]},
             notes=["KIND_AUTO: one instance group on every GPU the server sees (as KIND_GPU); on a",
                    "server without a GPU the instance lands on the CPU and model.py refuses it with",
@@ -154,12 +168,12 @@ class TensorRtBackend(TritonBackend):
 
         version_folder(self.version_entries(source))  # names checked before the engine is built
         engine = TrtModel(source.ir, source.onnx, source.library).build_engine()
-        shim = registration_library(source.library.name)
-        return {self.ENGINE: engine, source.library.name: source.library, registration_name(source): shim}
+        shim = registration_library(source.library_name)
+        return {self.ENGINE: engine, source.library_name: source.library, registration_name(source): shim}
 
     def version_entries(self, source: CompiledArtifacts) -> list[tuple[str, str, Path | None]]:
         return [(self.ENGINE, f"the TensorRT engine {self.ENGINE}", None),
-                (source.library.name, f"the plugin library {source.library}", source.library),
+                (source.library_name, f"the plugin library {source.library}", source.library),
                 (registration_name(source), f"the registration library of {source.library}", None)]
 
     def config(self, source: CompiledArtifacts) -> BackendConfig:
@@ -176,7 +190,7 @@ class TensorRtBackend(TritonBackend):
     def deployment_notes(self, model_dir: Path, source: CompiledArtifacts) -> list[str]:
         shim = (model_dir / VERSION / registration_name(source)).absolute()
         return [f"start tritonserver with --backend-config=tensorrt,plugins={shim}: it registers the "
-                f"plugins of {source.library.name} with Triton's TensorRT (LD_PRELOAD does not: TensorRT "
+                f"plugins of {source.library_name} with Triton's TensorRT (LD_PRELOAD does not: TensorRT "
                 f"must be loaded first)",
                 "the engine runs only with the TensorRT version and on the GPU model it was built for "
                 "(see config.pbtxt's header); re-export on the serving machine otherwise"]
@@ -203,7 +217,7 @@ def version_folder(entries: list[tuple[str, str, Path | None]]) -> dict[str, Pat
 
 
 def registration_name(source: CompiledArtifacts) -> str:
-    return f"{source.library.stem}_register.so"
+    return f"{Path(source.library_name).stem}_register.so"
 
 
 def registration_library(library_name: str) -> Path:

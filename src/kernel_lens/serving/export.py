@@ -4,7 +4,7 @@ model of a Triton Inference Server model repository::
     REPO/NAME/config.pbtxt                 the model configuration (relative file names only)
     REPO/NAME/kernel_lens_export.json      what was exported (Triton ignores it)
     REPO/NAME/1/model.onnx                 the ONNX graph (+ its external-data file, if any)
-    REPO/NAME/1/libkl_<Name>_ort.so        the custom-op library
+    REPO/NAME/1/libkl_<Name>_ort_<sha>.so  the custom-op library (<sha>: of its content)
     REPO/NAME/1/model.py                   python backend only
 
 ``REPO/NAME`` is written into a temporary folder beside it and swapped in whole, so a server
@@ -69,6 +69,9 @@ def _compiled(directory: str | Path, kind: TritonBackend) -> tuple[CompiledArtif
     onnx_path, library = compiled.artifacts[f"{target}.onnx"], compiled.artifacts[f"{target}.library"]
     check_file_name(library.name, f"{directory}: library file name", "recompile into the folder")
     check_name(library.stem, f"{directory}: library file name", "recompile into the folder")
+    if library.suffix != ".so":
+        raise ArtifactError(f"{directory}: the op library {library.name!r} is not named as a shared "
+                            f"library (libkl_<Model>_<target>.so); recompile into the folder")
     return CompiledArtifacts(name=compiled.ir.name, onnx=onnx_path, onnx_data=_external_data(onnx_path),
                              library=library, ir=compiled.ir, target=target), compiled.ir
 

@@ -21,7 +21,10 @@ itself (the listening sockets are read from /proc): another local process answer
 ``/v2/health/live`` on the port is refused with :class:`ServerError`, never talked to. A
 ``work=`` folder must be a real, empty folder of the current user that no one else can write
 (the stub imports from it: a planted ``.pth`` would run there). ``python -m`` stops the server's
-process group and removes its work folder on SIGINT, SIGTERM and SIGHUP alike.
+process group and removes its work folder on SIGINT, SIGTERM and SIGHUP alike; a launcher
+killed outright (SIGKILL, or a crash) leaves nothing either: a small reaper process, holding the
+read end of a pipe only the launcher writes, sees the pipe close and ends the server's group and
+removes its temporary work folder (:func:`start_reaper`).
 
     python -m kernel_lens.serving.tritonserver REPO [--http-port N] [--grpc-port N]
 """
@@ -244,6 +247,58 @@ def prepare_work(work: str | Path | None) -> Path:
     return work
 
 
+# The reaper (run as ``python -I -S -c``): it waits for its stdin to close. "stopped" first means
+# the launcher ended the server itself; a bare close means the launcher died: end the group
+# (SIGTERM, then SIGKILL after 5 s) and remove the work folder unless it is the user's own.
+_REAPER = """
+import os, shutil, signal, sys, time
+group, work, keep = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
+told = sys.stdin.buffer.read()
+if told != b"stopped":
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(group, sig)
+        except ProcessLookupError:
+            break
+        end = time.monotonic() + wait
+        while time.monotonic() < end:
+            try:
+                os.killpg(group, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            continue
+        break
+    if not keep:
+        shutil.rmtree(work, ignore_errors=True)
+"""
+
+
+def start_reaper(group: int, work: Path, keep: bool) -> subprocess.Popen:
+    """A process that ends process group ``group`` and removes ``work`` (unless ``keep``) when
+    this process dies without saying "stopped" on its stdin (:meth:`TritonServer.stop` does).
+    It runs in a session of its own, so the signal that kills the launcher's group spares it."""
+    return subprocess.Popen([sys.executable, "-I", "-S", "-c", _REAPER, str(group), str(work),
+                             "1" if keep else "0"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+
+
+def release_reaper(reaper: subprocess.Popen | None) -> None:
+    """Tell the reaper the server was ended here, and let it go."""
+    if reaper is None or reaper.stdin is None or reaper.stdin.closed:
+        return
+    try:
+        reaper.stdin.write(b"stopped")
+        reaper.stdin.close()
+    except OSError:
+        pass
+    try:
+        reaper.wait(5)
+    except subprocess.TimeoutExpired:
+        reaper.kill()
+
+
 @dataclass
 class TritonServer:
     """A running ``tritonserver`` on ``repository`` (use :meth:`start`, or as a context manager)."""
@@ -256,6 +311,7 @@ class TritonServer:
     log_path: Path
     keep_work: bool = False
     _log_file: object = field(default=None, repr=False)
+    _reaper: subprocess.Popen | None = field(default=None, repr=False)
 
     @classmethod
     def start(cls, repository: str | Path, *, install: TritonInstall | None = None,
@@ -297,6 +353,7 @@ class TritonServer:
             process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=base,
                                        cwd=work, start_new_session=True)
             server = cls(repository, http_port, grpc_port, work, process, log_path, keep, log_file)
+            server._reaper = start_reaper(process.pid, work, keep)
             server.wait_live(wait)
         except BaseException:  # a failed start, or a signal (python -m): nothing is left running
             if server is not None:
@@ -429,6 +486,8 @@ class TritonServer:
             self._log_file = None
         if not self.keep_work:
             shutil.rmtree(self.work, ignore_errors=True)
+        release_reaper(self._reaper)
+        self._reaper = None
 
     def _signal(self, sig: int) -> None:
         try:
