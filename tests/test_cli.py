@@ -122,3 +122,35 @@ def test_dump_ir_after_none_honours_dynamic():
     assert list(declared["symbols"]) == ["n"]  # the file's Dim
     assert list(ir["symbols"]) != ["n"] and ir["symbols"]  # Dim.AUTO: named after the input
     assert "dynamic dims (--dynamic)" in auto.stderr and ir["passes_run"] == []
+
+
+@pytest.mark.parametrize("command", [["compile", TOY, "-o", "OUT"], ["dump-ir", TOY],
+                                     ["dump-ir", TOY, "--after", "none"],
+                                     ["dump-ir", TOY, "--after", "specialization"]])
+def test_every_flag_that_changes_the_trace_reaches_it(command, tmp_path, monkeypatch):
+    """--arch, --roles, --autotune, --dynamic (and --ptx-version / --cuda-version where passes
+    run) reach the capture and trace, for every command that lifts a model file."""
+    import kernel_lens.compiler as compiler
+    from kernel_lens import cli
+
+    seen = {}
+
+    class Reached(Exception):
+        pass
+
+    def record(model, example_inputs, **kwargs):
+        seen.update(kwargs)
+        raise Reached
+
+    monkeypatch.setattr(compiler, "compile", record)
+    monkeypatch.setattr(compiler, "lift", record)
+    command = [str(tmp_path / "out") if c == "OUT" else c for c in command]
+    flags = ["--arch", "80", "--roles", '{"add_kernel": {"out_ptr": "output"}}',
+             "--autotune", '{"scaled_add_kernel": {"BLOCK_SIZE": 32}}', "--dynamic",
+             "--ptx-version", "8.4", "--cuda-version", "12.4"]
+    cli.main([*command, *flags])
+    assert seen["arch"] == 80 and seen["dynamic"] is True and "dynamic_shapes" not in seen
+    assert seen["roles"] == {"add_kernel": {"out_ptr": "output"}}
+    assert seen["autotune"] == {"scaled_add_kernel": {"BLOCK_SIZE": 32}}
+    if "none" not in command:  # no pass runs on a bare lift: nothing to lower
+        assert seen["options"] == {"ptx_version": "8.4", "cuda_version": "12.4"}

@@ -394,3 +394,20 @@ def test_a_non_root_user_fetches_under_a_shared_temporary_folder(tmp_path, monke
     shared.chmod(0o777)  # no sticky bit: another user could swap what is put there
     with pytest.raises(CacheError, match="no sticky bit"):
         fetch.check_destination(shared / "other")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making folders of root and of another user needs root")
+def test_a_parent_folder_of_root_is_trusted_one_of_another_user_is_not(tmp_path, monkeypatch):
+    # the fetching user is uid 1000 (faked); /opt-like parents: root's and not writable by others
+    monkeypatch.setattr(fetch.os, "geteuid", lambda: 1000)
+    roots = tmp_path / "roots"
+    roots.mkdir()
+    roots.chmod(0o755)
+    os.chown(roots, 0, 0)
+    assert fetch.check_destination(roots / "part") is False  # root's parent: trusted
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    theirs.chmod(0o755)
+    os.chown(theirs, 2000, 2000)  # another user could rename what is put there
+    with pytest.raises(CacheError, match="owned by uid 2000"):
+        fetch.check_destination(theirs / "part")
