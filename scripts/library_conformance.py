@@ -337,16 +337,39 @@ def _other_sizes(mod, dynamic_shapes, device) -> list:
 # driver side
 
 
+def run_worker(cmd: list[str], timeout: float) -> subprocess.CompletedProcess | None:
+    """Run a worker in a process group of its own; past ``timeout`` s the whole group is killed
+    (the worker and whatever it started: compilers, ptxas, a server), and None is returned."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.communicate()
+        return None
+    finally:
+        if proc.poll() is None:  # interrupted: leave nothing running
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    try:  # children the worker left behind when it ended
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def run_phase(path: Path, phase: str, device: str, timeout: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="kl_conf_") as tmp:
         result_file = Path(tmp) / "result.json"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--_worker", str(path),
                "--_phase", phase, "--_result", str(result_file), "--device", device]
         start = time.perf_counter()
-        try:
-            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                                  start_new_session=True)
-        except subprocess.TimeoutExpired:
+        proc = run_worker(cmd, timeout)
+        if proc is None:
             return {"phase": phase, "status": "TIMEOUT", "type": "", "message": f"over {timeout:.0f} s",
                     "seconds": round(time.perf_counter() - start, 1)}
         if result_file.exists():

@@ -510,3 +510,36 @@ def test_triton_export_checks_every_tensors_external_data(where, tmp_path):
     path.write_bytes(_model(where, "/etc/passwd").SerializeToString())
     with pytest.raises(ArtifactError):
         _external_data(path)
+
+
+def test_a_rebuild_that_fails_half_way_leaves_no_loadable_mix(toy_ir, tmp_path):
+    """A rebuild into a folder that fails in its build (issue 30, item 1) must not leave the new
+    IR beside the old manifest and the old library: load() refuses the folder until a build ends."""
+    from kernel_lens.targets.base import Target
+
+    class Flaky(Target):
+        name = "flaky_rebuild"
+        fail = False
+
+        def build(self, ir, out_dir):
+            if Flaky.fail:
+                raise BuildError("the C++ build failed")
+            return {"library": inside(out_dir, "libkl_old.so").write_bytes(b"old") and
+                    inside(out_dir, "libkl_old.so")}
+
+        def runner(self, ir, artifacts, **options):
+            return object()
+
+    kl.register_target(Flaky)
+    compiled = CompiledModel(toy_ir)
+    out = tmp_path / "out"
+    compiled.write(out, ["flaky_rebuild"])
+    assert set(kl.load(out).artifacts) == {"ir", "summary", "flaky_rebuild.library"}
+    Flaky.fail = True
+    with pytest.raises(BuildError):
+        CompiledModel(toy_ir).write(out, ["flaky_rebuild"])
+    with pytest.raises(ArtifactError, match="is not a kernel_lens output folder"):
+        kl.load(out)
+    Flaky.fail = False
+    CompiledModel(toy_ir).write(out, ["flaky_rebuild"])
+    assert kl.load(out).artifacts["flaky_rebuild.library"].read_bytes() == b"old"

@@ -144,3 +144,66 @@ def test_a_scalar_constant_of_the_wrong_type_is_refused(toy_ir, constant, why):
     _refused(doc, f"scalar argument {arg['name']!r} is {why}")
     arg.update(constant=7)  # an integer of the type loads
     GraphIR.from_json(json.dumps(doc))
+
+
+def test_min_and_max_over_many_sizes_parse_in_linear_time(toy_ir):
+    """sympy compares every pair of a Min's symbolic arguments (a Min of 32 sums took 2.3 s): the
+    grammar reads them as written, so a document full of them loads at once (issue 30, item 2)."""
+    from kernel_lens.ir.symbolic import parse, symbol
+
+    start = time.perf_counter()
+    expr = parse("Min(" + ", ".join(f"q{i} + {i}" for i in range(32)) + ")")
+    assert time.perf_counter() - start < 0.5
+    assert expr.xreplace({symbol(f"q{i}"): 100 - i for i in range(32)}) == 100
+    assert parse("Max(b, a)") == parse("Max(a, b)") and parse("Min(3, 5)") == 3
+    doc = _doc(toy_ir)
+    (sym,) = doc["symbols"].values()
+    doc["symbols"].update({f"q{i}": dict(sym) for i in range(31)})
+    doc["launches"] = [copy.deepcopy(launch) for launch in doc["launches"] * 40]
+    for k, launch in enumerate(doc["launches"]):  # each spelled differently: no parse is cached
+        launch["grid"][1] = "Max(" + ", ".join(f"q{i} + {k}" for i in range(31)) + ", n)"
+    start = time.perf_counter()
+    loaded = GraphIR.from_json(json.dumps(doc))
+    assert time.perf_counter() - start < 10
+    assert len({launch.grid[1] for launch in loaded.launches}) == 80
+
+
+def test_text_from_a_document_cannot_drive_the_terminal(toy_ir, tmp_path, capsys):
+    """summary() of a loaded IR and the CLI's error line escape control characters (issue 30,
+    item 7): a qualname, file or op name holding ESC sequences prints as text."""
+    from kernel_lens import cli
+    from kernel_lens.summary import summarize
+
+    doc = _doc(toy_ir)
+    kernel = next(iter(doc["kernels"].values()))
+    kernel["source"]["qualname"] = "m.k\x1b]0;pwned\x07"
+    kernel["source"]["file"] = "/x/\x1b[2J\x1b[H.py\nfake line"
+    doc["ops"][0]["op"] = "aten.\x1b[31mred.default"
+    text = summarize(GraphIR.from_json(json.dumps(doc)))
+    assert "\x1b" not in text and "\x07" not in text and "\\x1b[2J" in text
+    assert "fake line" in next(line for line in text.splitlines() if "\\x1b[2J" in line)
+    bad = tmp_path / "m\x1b[2J.py"
+    assert cli.main(["dump-ir", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\\x1b[2J" in err and len(err.strip().splitlines()) == 1
+
+
+def test_untyped_errors_are_one_typed_line_naming_the_field_and_the_fix(toy_ir, tmp_path, capsys):
+    """issue 30, item 8: an invalid IR's first line names the field and the fix; a string scalar
+    constant is an IRError (not a ValueError later); a 300-character -o is an OutputPathError."""
+    from kernel_lens import cli
+
+    doc = _doc(toy_ir)
+    arg = next(a for a in doc["launches"][0]["args"] if a["role"] == "scalar")
+    arg.update(expr=None, constant="seven")
+    with pytest.raises(IRError) as info:
+        GraphIR.from_json(json.dumps(doc))
+    first = str(info.value).splitlines()[0]
+    assert "'seven', not a i32 value" in first and "regenerate it" in first
+    doc = _doc(toy_ir)
+    doc["symbols"]["n"]["min"] = "lots"
+    with pytest.raises(IRError, match=r"^IR document is invalid at symbols\.n\.min: .*regenerate it"):
+        GraphIR.from_json(json.dumps(doc))
+    assert cli.main(["compile", str(EXAMPLES / "toy_two_kernels.py"), "-o", str(tmp_path / ("a" * 300))]) == 2
+    err = capsys.readouterr().err
+    assert "error: OutputPathError:" in err and "File name too long" in err and "internal" not in err

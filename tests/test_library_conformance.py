@@ -32,3 +32,37 @@ def test_library_cases_compile_or_fail_in_one_typed_line(tmp_path):
         result = results[case]
         assert result["status"] == "compiled", (case, result.get("message"))
         assert result.get("matches_reference", True), (case, result.get("max_abs_diff"))
+
+
+def test_a_timed_out_case_leaves_no_child_running(tmp_path):
+    """A case past --timeout is killed with everything it started (issue 30, item 9): a worker's
+    compiler or server child must not outlive it."""
+    import importlib.util
+    import os
+    import time
+
+    spec = importlib.util.spec_from_file_location("kl_conformance_script", ROOT / "scripts" / "library_conformance.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    pids = tmp_path / "pids"
+    worker = [sys.executable, "-c", f"import subprocess, time\n"
+              f"child = subprocess.Popen(['sleep', '300'])\n"
+              f"open({str(pids)!r}, 'w').write(str(child.pid))\ntime.sleep(300)\n"]
+    start = time.monotonic()
+    assert script.run_worker(worker, timeout=3) is None
+    assert time.monotonic() - start < 30
+    child = int(pids.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            state = open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            break
+        if state in ("Z", "X"):
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, 9)
+        raise AssertionError("the worker's child outlived the timeout")
+    done = script.run_worker([sys.executable, "-c", "print('ok')"], timeout=30)
+    assert done.returncode == 0 and done.stdout == "ok\n"

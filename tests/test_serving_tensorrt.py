@@ -12,6 +12,7 @@ a GPU TensorRT supports: not available here."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -64,6 +65,15 @@ def test_tensorrt_plan_export_and_plugin_registration(rtx, trt_headers, tmp_path
     compiled = kl.compile(module.model, tuple(t.clone() for t in module.example_inputs),
                           dynamic_shapes=module.dynamic_shapes, arch=90, targets=["trt"], output_dir=out)
     env = {**os.environ, **rtx, "KERNEL_LENS_CACHE": str(tmp_path / "cache")}
+    # The folder is data (issue 30, item 6): its plugin library is never opened by the export,
+    # which builds the graph and library from the folder's IR. A planted constructor must not run.
+    marker = tmp_path / "constructor_ran"
+    planted = tmp_path / "planted.c"
+    planted.write_text(f'#include <stdio.h>\n__attribute__((constructor)) static void ran(void) '
+                       f'{{ FILE *f = fopen("{marker}", "w"); if (f) fclose(f); }}\n')
+    library = compiled.artifacts["trt.library"]
+    subprocess.run([compilers.find_cxx(), "-x", "c", "-shared", "-fPIC", str(planted), "-o", str(library)],
+                   check=True)
     repo = tmp_path / "repo"
     proc = subprocess.run([sys.executable, "-m", "kernel_lens.cli", "export-triton", str(out), "-o", str(repo),
                            "--backend", "tensorrt", "--name", "toy"], env=env, capture_output=True, text=True,
@@ -80,10 +90,12 @@ def test_tensorrt_plan_export_and_plugin_registration(rtx, trt_headers, tmp_path
     assert _served(config.input) == _expected(graph.input)
     assert _served(config.output) == _expected(graph.output)
     assert [(g.count, g.kind) for g in config.instance_group] == [(1, mc.ModelInstanceGroup.KIND_GPU)]
-    library = compiled.artifacts["trt.library"]
+    assert not marker.exists()
     version = model_dir / "1"
-    assert sorted(p.name for p in version.iterdir()) == sorted(["model.plan", library.name, shim.name])
-    assert (version / library.name).read_bytes() == library.read_bytes()
+    (shipped,) = [p for p in version.glob("libkl_ToyModel_trt_v3_*.so") if p != shim]
+    assert sorted(p.name for p in version.iterdir()) == sorted(["model.plan", shipped.name, shim.name])
+    assert hashlib.sha256(shipped.read_bytes()).hexdigest()[:12] in shipped.name
+    assert shipped.read_bytes() != library.read_bytes()  # built from the IR, not the planted file
     assert (version / "model.plan").stat().st_size > 1000
     assert "tensorrt_rtx_bindings" in (model_dir / "config.pbtxt").read_text()  # who built the engine
 
@@ -99,7 +111,7 @@ def test_tensorrt_plan_export_and_plugin_registration(rtx, trt_headers, tmp_path
         assert run.returncode == 0, run.stderr[-3000:]
         return json.loads(run.stdout.splitlines()[-1])
 
-    unregistered = load(version / library.name)  # the plugin library alone: dlopen registers nothing
+    unregistered = load(shipped)  # the plugin library alone: dlopen registers nothing
     assert unregistered["creators"] == [] and not unregistered["parsed"]
 
     trt, cuda = trt_headers

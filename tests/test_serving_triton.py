@@ -412,3 +412,26 @@ def test_the_advised_library_path_survives_spaces_and_shell_characters(tmp_path)
                                capture_output=True, text=True, env=env)
         assert shown.returncode == 0, shown.stderr
         assert shown.stdout == f"{(model_dir / '1').absolute()}{after}"
+
+
+def test_an_export_stages_outside_the_repository_and_clears_what_a_killed_one_left(toy, tmp_path, monkeypatch):
+    """A server indexes every folder of its repository: an export killed half-way must leave none
+    there (issue 30, item 5), and the next export removes its leftovers."""
+    from kernel_lens.serving import export as export_module
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left_beside = tmp_path / f".kl-export-repo-toy-new-{dead.pid}-abc123"
+    left_inside = repo / f".kl-export-repo-toy-old-{dead.pid}-def456"
+    alive = tmp_path / f".kl-export-repo-toy-new-{os.getpid()}-ghi789"  # an export running now
+    for folder in (left_beside, left_inside, alive):
+        folder.mkdir()
+    seen = []
+    real = export_module.atomic_copy
+    monkeypatch.setattr(export_module, "atomic_copy", lambda src, dst, **kw: seen.append(Path(dst)) or real(src, dst, **kw))
+    export_triton(toy, repo, name="toy")
+    assert seen and not any(p.is_relative_to(repo) for p in seen)  # written beside, then swapped in
+    assert sorted(p.name for p in repo.iterdir()) == ["toy"]
+    assert not left_beside.exists() and not left_inside.exists() and alive.exists()

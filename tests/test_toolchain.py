@@ -614,3 +614,34 @@ def test_relative_path_entries_never_supply_a_compiler(tmp_path, monkeypatch):
         assert Path(cxx).resolve().parent != tmp_path.resolve(), cxx
         for found in (find_nvcc(), find_ptxas()):
             assert found is None or Path(found).resolve().parent != tmp_path.resolve(), found
+
+
+@pytest.mark.parametrize("spoil", ["world-writable folder", "sticky world-writable folder",
+                                   "group-writable header", "another user's folder"])
+def test_an_include_folder_someone_else_can_edit_is_not_compiled_in(spoil, tmp_path):
+    """issue 30, item 4: headers compiled into a library follow fetch-headers' trust rule."""
+    include = tmp_path / "include"
+    include.mkdir()
+    header = include / "kl_spoiled.h"
+    header.write_text("#define KL_SPOILED 1\n")
+    header.chmod(0o644)
+    include.chmod(0o755)
+    if spoil == "world-writable folder":
+        include.chmod(0o777)
+    elif spoil == "sticky world-writable folder":
+        include.chmod(0o1777)
+    elif spoil == "group-writable header":
+        header.chmod(0o664)
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("chown to another user needs root")
+        os.chown(include, 4321, 4321)
+    sources = {"a.cpp": '#include "kl_spoiled.h"\nextern "C" int kl_a() { return KL_SPOILED; }\n'}
+    with pytest.raises(BuildError, match=r"include folder .* is not trusted: .*(writable by group or "
+                                         r"others|owned by uid 4321)"):
+        build_shared_library("kl_spoiled", sources, include_dirs=[include], cache_dir=tmp_path / "cache")
+    include.chmod(0o755)
+    header.chmod(0o644)
+    os.chown(include, os.geteuid(), os.getegid())
+    assert build_shared_library("kl_spoiled", sources, include_dirs=[include],
+                                cache_dir=tmp_path / "cache").is_file()

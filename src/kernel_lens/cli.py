@@ -10,7 +10,7 @@ import traceback
 
 from . import _gc
 from .archs import parse_arch
-from .errors import ArchError, InputError, KernelLensError, OutputPathError
+from .errors import ArchError, InputError, KernelLensError, OutputPathError, printable
 from .fileio import check_folder
 from .model_file import load_model_file
 from .serving.backends import BACKENDS as TRITON_BACKENDS
@@ -289,7 +289,7 @@ def cmd_export_triton(args: argparse.Namespace) -> int:
     for name, path in result.files.items():
         print(f"{name}: {path}")
     for note in result.notes:
-        print(f"note: {note}", file=sys.stderr)
+        print(f"note: {printable(note)}", file=sys.stderr)
     return 0
 
 
@@ -323,7 +323,7 @@ def _report_error(exc: Exception, debug: bool, status: int, internal: bool = Fal
         traceback.print_exception(exc, file=sys.stderr)
         return status
     lines = [l for l in str(exc).strip().splitlines() if l.strip()] or ["(no message)"]
-    first = lines[0].strip()
+    first = printable(lines[0].strip())
     more = []
     if len(first) > _LINE:
         first = first[:_LINE] + "..."

@@ -65,6 +65,7 @@ class CompiledModel:
         File names come from the IR's name, a validated identifier; every path is checked to lie
         inside ``directory`` and written atomically (links at those names are replaced)."""
         directory = ensure_folder(directory)
+        _retract_manifest(directory)
         stem = self.ir.name
         ir_path = self.ir.save(inside(directory, f"{stem}.ir.json")).absolute()
         summary_path = atomic_write(inside(directory, f"{stem}.summary.txt"), self.summary()).absolute()
@@ -159,6 +160,7 @@ class CompiledModel:
     def save(self, directory: str | Path) -> "CompiledModel":
         """Copy the artifacts (and a manifest) into ``directory``; returns the saved model."""
         directory = ensure_folder(directory)
+        _retract_manifest(directory)
         saved: dict[str, Path] = {}
         for kind, path in self.artifacts.items():
             saved[kind] = atomic_copy(path, inside(directory, path.name), mode=0o644 if path.suffix
@@ -166,6 +168,16 @@ class CompiledModel:
         _write_manifest(directory, self.ir.name, {k: Path(v.name) for k, v in saved.items()})
         return CompiledModel(self.ir, self.example_outputs, list(self.timings), saved, self.cuda_graph,
                              folder=directory.resolve())
+
+
+def _retract_manifest(directory: Path) -> None:
+    """Remove the folder's manifest before anything in it is replaced, and write it again only
+    when every artifact is written: a write that fails half-way (a C++ build error) leaves a
+    folder :func:`load` refuses, never new files beside an old manifest naming an old library."""
+    try:
+        os.unlink(inside(directory, MANIFEST))
+    except FileNotFoundError:
+        pass
 
 
 def _write_manifest(directory: Path, name: str, artifacts: dict[str, Path]) -> None:

@@ -114,3 +114,10 @@ class ArchError(KernelLensError):
 class FetchError(KernelLensError):
     """Downloading or unpacking a pinned third-party package failed (a tool or the registry is
     unavailable, an archive differs from its pin or lacks a member)."""
+
+
+def printable(text: str) -> str:
+    """``text`` with every character that is not printable (ESC, other control characters, line
+    and paragraph separators) escaped as Python's ``repr`` escapes it: text that came from a
+    document or a file name cannot drive the terminal it is printed on."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))

@@ -96,7 +96,12 @@ def subfolder(root: str | Path, rel: str | Path) -> Path:
 def check_folder(folder: str | Path) -> Path:
     """``folder``, refused when it exists and is not a folder (checked before any work starts)."""
     folder = Path(folder)
-    if folder.exists() and not folder.is_dir():
+    try:
+        exists = folder.exists()
+    except OSError as exc:  # a name too long (ENAMETOOLONG), a file where a folder must be
+        raise OutputPathError(f"output path {str(folder)[:120]!r} cannot be used: {exc.strerror}; "
+                              f"pass -o with another folder name") from None
+    if exists and not folder.is_dir():
         raise OutputPathError(f"output path {folder} exists and is not a folder; pass -o with a "
                               f"folder name (it is created if missing)")
     return folder

@@ -7,6 +7,7 @@ from typing import Iterable
 import sympy
 from sympy.printing.str import StrPrinter
 
+from .errors import printable
 from .ir import (ConstArg, DTypeValue, GraphIR, JitValue, Launch, ListArg, SymArg, TorchOp,
                  TupleValue, ValueArg, parse)
 
@@ -133,7 +134,7 @@ def summarize(ir: GraphIR, timings: Iterable = ()) -> str:
         out.append("pass timings:")
         out += [f"  {t.name:24s} {t.seconds * 1e3:9.1f} ms{'' if t.modified else '  (no change)'}"
                 for t in timings]
-    return "\n".join(out) + "\n"
+    return "\n".join(printable(line) for line in out) + "\n"  # a loaded IR's text drives no terminal
 
 
 def _launch(ir: GraphIR, launch: Launch, names) -> str:

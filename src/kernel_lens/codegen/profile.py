@@ -7,7 +7,7 @@ and the serving export need no target to get it.
 from __future__ import annotations
 
 from ..errors import KernelLensError
-from ..ir import GraphIR, parse, symbol
+from ..ir import GraphIR, evaluate, parse
 
 
 def optimization_profile(ir: GraphIR) -> dict[str, list[tuple[int, int, int]]]:
@@ -30,8 +30,7 @@ def optimization_profile(ir: GraphIR) -> dict[str, list[tuple[int, int, int]]]:
         dims = []
         for text in ir.values[name].shape:
             expr = parse(text, names)
-            lo, opt, hi = (int(expr.subs({symbol(n): v for n, v in points[w].items()}))
-                           for w in ("min", "opt", "max"))
+            lo, opt, hi = (evaluate(expr, points[w]) for w in ("min", "opt", "max"))
             if not lo <= opt <= hi:
                 raise KernelLensError(f"{ir.name}: input {name} dim {text} is not increasing over the "
                                       f"symbol ranges ({lo}, {opt}, {hi}); no TensorRT profile fits it")

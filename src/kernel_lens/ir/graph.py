@@ -357,7 +357,11 @@ class GraphIR(_Model):
         try:
             return cls.model_validate(raw)
         except ValidationError as exc:
-            raise IRError(f"IR document is invalid:\n{exc}") from None
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "the document"
+            raise IRError(f"IR document is invalid at {where}: {str(first['msg'])[:300]} "
+                          f"({exc.error_count()} error{'s' if exc.error_count() > 1 else ''}); "
+                          f"regenerate it (kernel_lens dump-ir FILE --json, or recompile)\n{exc}") from None
         except RecursionError:
             raise IRError("IR document is nested too deeply to validate") from None
 

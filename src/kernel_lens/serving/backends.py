@@ -80,6 +80,9 @@ class TritonBackend:
     name: str = ""
     description: str = ""
     targets: tuple[str, ...] = ("ort",)  # kernel_lens targets whose artifacts it serves, preferred first
+    # The export itself opens the op library (to build an engine): it is then built from the
+    # folder's IR into kernel_lens's cache, never opened from the folder (a folder is data).
+    opens_library: bool = False
 
     def version_files(self, source: CompiledArtifacts) -> dict[str, Path]:
         """The files of ``NAME/1/``: file name -> the file to copy there."""
@@ -161,6 +164,7 @@ class TensorRtBackend(TritonBackend):
     name = "tensorrt"
     description = "Triton's tensorrt backend (platform tensorrt_plan): engine + plugin library"
     targets = ("trt", "trt-v3", "trt-v2")
+    opens_library = True
     ENGINE = "model.plan"
 
     def version_files(self, source: CompiledArtifacts) -> dict[str, Path]:

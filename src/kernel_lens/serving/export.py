@@ -7,9 +7,11 @@ model of a Triton Inference Server model repository::
     REPO/NAME/1/libkl_<Name>_ort_<sha>.so  the custom-op library (<sha>: of its content)
     REPO/NAME/1/model.py                   python backend only
 
-``REPO/NAME`` is written into a temporary folder beside it and swapped in whole, so a server
-never sees half an export and a re-export leaves nothing stale; a folder there that an export
-did not write is never replaced.
+``REPO/NAME`` is written into a staging folder beside the repository (inside it only when the
+folder beside it cannot be used) and swapped in whole, so a server never sees half an export,
+an export killed half-way leaves nothing in the repository (the next export removes what it
+left), and a re-export leaves nothing stale; a folder there that an export did not write is
+never replaced.
 """
 
 from __future__ import annotations
@@ -67,6 +69,11 @@ def _compiled(directory: str | Path, kind: TritonBackend) -> tuple[CompiledArtif
                             f"{kind.name} backend serves the {wanted} target's ONNX graph and library; "
                             f"compile with kernel_lens compile FILE.py --target {wanted} -o {directory}")
     onnx_path, library = compiled.artifacts[f"{target}.onnx"], compiled.artifacts[f"{target}.library"]
+    if kind.opens_library:  # the folder is data: build the graph and library from its IR instead
+        from ..compiler import CompiledModel, _compile_into_cache  # lazy: see load above
+
+        rebuilt = _compile_into_cache(CompiledModel(compiled.ir), [target])
+        onnx_path, library = rebuilt.artifacts[f"{target}.onnx"], rebuilt.artifacts[f"{target}.library"]
     check_file_name(library.name, f"{directory}: library file name", "recompile into the folder")
     check_name(library.stem, f"{directory}: library file name", "recompile into the folder")
     if library.suffix != ".so":
@@ -144,12 +151,67 @@ def _check_replaceable(model_dir: Path) -> None:
                               f"or pass another --name")
 
 
+_STAGING = ".kl-export-"  # staging folders: .kl-export-<repo>-<name>-<new|old>-<pid>-<random>
+
+
+def _staging_folder(repository: Path) -> Path:
+    """Where REPO/NAME is written before the swap: beside the repository when that folder is
+    writable and on the same filesystem (a server indexes every folder in the repository, so an
+    export killed half-way must leave nothing there), else the repository itself."""
+    parent = repository.absolute().parent
+    try:
+        if os.access(parent, os.W_OK) and os.stat(parent).st_dev == os.stat(repository).st_dev:
+            return parent
+    except OSError:
+        pass
+    return repository
+
+
+def _staging_prefix(repository: Path, name: str, kind: str) -> str:
+    return f"{_STAGING}{repository.absolute().name}-{name}-{kind}-{os.getpid()}-"
+
+
+def _remove_stale(where: Path, repository: Path) -> None:
+    """Remove staging folders of this repository left by exports that were killed (their
+    process is gone), if they are this user's own."""
+    mine = f"{_STAGING}{repository.absolute().name}-"
+    for place in {where, repository}:
+        try:
+            entries = list(os.scandir(place))
+        except OSError:
+            continue
+        for entry in entries:
+            if not entry.name.startswith(mine):
+                continue
+            try:
+                pid = int(entry.name.rsplit("-", 2)[-2])
+                info = entry.stat(follow_symlinks=False)
+            except (ValueError, OSError):
+                continue
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or _alive(pid):
+                continue
+            log.info("removing %s, left by an export that did not finish", entry.path)
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _write_model_dir(repository: Path, name: str, config_text: str, files: dict[str, Path],
                      provenance: dict) -> Path:
-    """Write REPO/NAME in a temporary folder beside it, then swap it in whole."""
+    """Write REPO/NAME in a staging folder (:func:`_staging_folder`), then swap it in whole."""
     model_dir = inside(repository, name)
     _check_replaceable(model_dir)
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=repository))
+    where = _staging_folder(repository)
+    _remove_stale(where, repository)
+    staging = Path(tempfile.mkdtemp(prefix=_staging_prefix(repository, name, "new"), dir=where))
     try:
         os.chmod(staging, 0o777 & ~umask())
         version = staging / VERSION
@@ -161,7 +223,7 @@ def _write_model_dir(repository: Path, name: str, config_text: str, files: dict[
         atomic_write(inside(staging, MARKER), json.dumps(provenance, indent=1) + "\n")
         old = None
         if model_dir.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{name}.old.", dir=repository))
+            old = Path(tempfile.mkdtemp(prefix=_staging_prefix(repository, name, "old"), dir=where))
             os.replace(model_dir, old / name)
         os.replace(staging, model_dir)
         if old is not None:

@@ -48,7 +48,7 @@ from kernel_lens.fileio import atomic_write, umask
 from kernel_lens.toolchain.cache import (CACHE_HINT, FAILED, build_cache_dir, cache_folder,
                                          entry_problem, record_hash, trusted_folder)
 from kernel_lens.toolchain.compilers import find_cxx, toolchain_id
-from kernel_lens.toolchain.headers import header_fingerprint
+from kernel_lens.toolchain.headers import header_fingerprint, include_folder_problem
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +156,12 @@ def build_shared_library(name: str, sources: dict[str, str], *, include_dirs: li
     missing = [str(d) for d in includes if not d.is_dir()]
     if missing:
         raise BuildError(f"library {name}: include folder(s) {', '.join(missing)} do not exist")
+    for folder in includes:
+        problem = include_folder_problem(folder)
+        if problem is not None:
+            raise BuildError(f"library {name}: include folder {folder} is not trusted: {problem}; "
+                             f"headers compiled in must be yours or root's and writable by no one else "
+                             f"(kernel_lens fetch-headers fetches them so)")
     flags = [*CXX_FLAGS, *extra_flags]
     key = _cache_key(name, sources, flags, includes, toolchain_id(cxx), key_extra)
     root = trusted_folder(build_cache_dir(cache_dir), "build cache root", create=True)

@@ -262,3 +262,32 @@ def header_fingerprint(include: Path) -> str:
     """
     files = _header_files(Path(include))
     return hashlib.sha256(repr(("kernel_lens.headers/2", files)).encode()).hexdigest()
+
+
+def include_folder_problem(include: Path) -> str | None:
+    """Why headers from ``include`` must not be compiled in, or None: the folder and everything
+    below it (links followed, as the compiler follows them) must belong to the current user or
+    to root and be writable by no one else, the rule ``fetch-headers`` applies to what it
+    fetches: someone else able to edit a header could put code into every library built."""
+    me = os.geteuid()
+    seen: set[tuple[int, int]] = set()
+    todo = [Path(include)]
+    while todo:
+        path = todo.pop()
+        try:
+            st = path.stat()
+        except OSError:
+            continue  # unreadable: the compiler fails on it, and the key records it
+        if (st.st_dev, st.st_ino) in seen:
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        if st.st_uid not in (me, 0):
+            return f"{path} is owned by uid {st.st_uid}, neither you (uid {me}) nor root"
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+        if stat.S_ISDIR(st.st_mode):
+            try:
+                todo.extend(Path(e.path) for e in os.scandir(path))
+            except OSError:
+                continue
+    return None
