@@ -281,3 +281,28 @@ def test_a_manifest_naming_too_many_artifacts_is_refused(folder):
     with pytest.raises(ArtifactError, match=r"names 100003 artifacts; a kernel_lens folder holds at most 64"):
         kl.load(folder)
     assert time.perf_counter() - start < 5
+
+
+def test_an_input_written_in_place_sharing_memory_with_another_input_is_refused(toy_ir):
+    """issue 30, item 10 (its CPU part): the same tensor passed as two inputs while the model
+    updates one in place is refused before anything runs."""
+    sig = CallSignature(toy_ir, device_type="cpu")
+    x = torch.randn(64)
+    with pytest.raises(InputError, match=r"input 'x' is written in place by the model and shares "
+                                         r"memory with input 'y'"):
+        sig.check_written_inputs([x, x], [0])
+    base = torch.randn(96)
+    with pytest.raises(InputError, match="input 'y' is written in place"):
+        sig.check_written_inputs([base[:64], base[32:]], [1])
+    sig.check_written_inputs([torch.randn(64), torch.randn(64)], [0, 1])  # separate tensors
+
+
+def test_launch_settings_cuda_would_refuse_are_refused_at_load(toy_ir):
+    doc = json.loads(toy_ir.to_json())
+    binary = next(iter(doc["kernels"].values()))["binaries"][0]
+    for field, value in (("num_warps", -4), ("shared_mem", -1), ("num_ctas", 0), ("num_warps", 64)):
+        spoiled = json.loads(json.dumps(doc))
+        next(iter(spoiled["kernels"].values()))["binaries"][0][field] = value
+        with pytest.raises(IRError, match=rf"binaries\.0\.{field}"):
+            GraphIR.from_json(json.dumps(spoiled))
+    assert binary["num_warps"] >= 1

@@ -645,3 +645,26 @@ def test_an_include_folder_someone_else_can_edit_is_not_compiled_in(spoil, tmp_p
     os.chown(include, os.geteuid(), os.getegid())
     assert build_shared_library("kl_spoiled", sources, include_dirs=[include],
                                 cache_dir=tmp_path / "cache").is_file()
+
+
+@pytest.mark.parametrize("parent", ["another user's", "world-writable", "sticky world-writable"])
+def test_a_cache_root_whose_parent_someone_else_can_write_is_refused(parent, tmp_path, monkeypatch):
+    """issue 30, item 3: a user owning (or able to write) the folder holding the cache root could
+    swap the root between its check and its use; such a root is refused, /tmp-like is fine."""
+    from kernel_lens.toolchain import cache as kl_cache
+
+    holder = tmp_path / "holder"
+    holder.mkdir()
+    holder.chmod(0o755)
+    if parent == "another user's":
+        if os.geteuid() != 0:
+            pytest.skip("chown to another user needs root")
+        os.chown(holder, 4321, 4321)
+    else:
+        holder.chmod(0o777 if parent == "world-writable" else 0o1777)
+    monkeypatch.setenv("KERNEL_LENS_CACHE", str(holder / "cache"))
+    if parent == "sticky world-writable":
+        assert kl_cache.cache_folder("aot").is_dir()
+        return
+    with pytest.raises(CacheError, match=r"the folder holding it .*(owned by uid 4321|without the sticky bit)"):
+        kl_cache.cache_folder("aot")

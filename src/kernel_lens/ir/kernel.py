@@ -160,9 +160,9 @@ KernelParam.model_rebuild()
 
 
 class CompileOptions(_Model):
-    num_warps: int = 4
-    num_stages: int = 3
-    num_ctas: int = 1
+    num_warps: int = Field(default=4, ge=1, le=32)
+    num_stages: int = Field(default=3, ge=0, le=64)
+    num_ctas: int = Field(default=1, ge=1, le=16)
     autotune_config: dict[str, Union[bool, int, float, str]] | None = Field(
         default=None, description="kwargs of the @triton.autotune config chosen, if autotuned"
     )
@@ -218,13 +218,14 @@ class KernelBinary(_Model):
     ptx_version: str = Field(description="PTX ISA version of the .version directive, 'X.Y'")
     cubin: Base64Bytes = Field(description="cubin for `arch` (base64 in JSON)")
     abi: list[AbiParam]
-    num_warps: int
-    num_ctas: int
-    shared_mem: int = Field(description="dynamic shared memory bytes to launch with")
-    global_scratch_size: int = 0
-    global_scratch_align: int = 1
-    profile_scratch_size: int = 0
-    profile_scratch_align: int = 1
+    # What a launch is configured with: bounded as CUDA bounds it (a document could hold any int)
+    num_warps: int = Field(ge=1, le=32, description="warps per CTA (1024 threads at most)")
+    num_ctas: int = Field(ge=1, le=16, description="CTAs per cluster")
+    shared_mem: int = Field(ge=0, le=1 << 20, description="dynamic shared memory bytes to launch with")
+    global_scratch_size: int = Field(default=0, ge=0, le=1 << 30)
+    global_scratch_align: int = Field(default=1, ge=1, le=1 << 12)
+    profile_scratch_size: int = Field(default=0, ge=0, le=1 << 30)
+    profile_scratch_align: int = Field(default=1, ge=1, le=1 << 12)
     tensordesc_meta: list[TmaMeta] | None = Field(
         default=None, description="per tensor-descriptor parameter (in order), how this binary "
         "takes it as a TMA descriptor; None: each is passed as base pointer, shape and strides")

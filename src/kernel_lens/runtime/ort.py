@@ -220,6 +220,8 @@ class OrtModel:
         shapes = self.output_shapes(values)
         if out is not None:
             self.signature.check_out(out, shapes, device, tensors)
+        if self._mutated:
+            self.signature.check_written_inputs(tensors, [m.input for m in self._mutated])
         with self._lock:
             if self.cuda_graph:
                 outputs = self._run_graph(tensors, shapes, out, device)

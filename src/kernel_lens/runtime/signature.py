@@ -173,6 +173,20 @@ class CallSignature:
             spans.append((f"out[{i}]", mine))
 
 
+    def check_written_inputs(self, tensors: Sequence[torch.Tensor], written: Sequence[int]) -> None:
+        """Inputs the model writes in place (``written``: their indices) share memory with no
+        other input: a kernel would read what another part of the model is overwriting (the same
+        tensor passed twice, or a view of it)."""
+        for i in written:
+            mine = _span(tensors[i])
+            for j, t in enumerate(tensors):
+                other = _span(t)
+                if j != i and mine[0] < other[1] and other[0] < mine[1]:
+                    raise InputError(f"input {self.inputs[i].name!r} is written in place by the model "
+                                     f"and shares memory with input {self.inputs[j].name!r}; pass "
+                                     f"separate tensors (clone one of them)")
+
+
 def _span(t: torch.Tensor) -> tuple[int, int]:
     """The bytes from a tensor's first element to the end of its last, [start, end), by its
     strides (a strided view reaches past ``numel`` elements; empty for a tensor of no elements)."""

@@ -185,6 +185,8 @@ class TrtModel:
         shapes = self.signature.output_shapes(values)
         if out is not None:
             self.signature.check_out(out, shapes, device, tensors)
+        if self._mutated:
+            self.signature.check_written_inputs(tensors, [i for _, i in self._mutated])
         outputs = list(out) if out is not None else \
             [torch.empty(s, dtype=o.dtype, device=device) for s, o in zip(shapes, self.signature.outputs)]
         with self._lock, torch.cuda.device(device):
