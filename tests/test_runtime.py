@@ -7,10 +7,10 @@ import json
 
 import pytest
 import sympy
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 import kernel_lens as kl
-from kernel_lens.errors import KernelLensError
+from kernel_lens.errors import KernelLensError, SymbolicError
 from kernel_lens.ir import evaluate, format_expr, parse, symbol
 from kernel_lens.runtime.evaluate import evaluator
 from kernel_lens.targets.base import Target, get_target
@@ -34,7 +34,11 @@ ints = st.recursive(leaf, lambda inner: st.one_of(
 @settings(max_examples=400, deadline=None)
 @given(expr=ints, nv=st.integers(0, 2 ** 62), mv=st.integers(0, 2 ** 40))
 def test_evaluator_is_exact_for_any_size(expr, nv, mv):
-    expr = parse(format_expr(expr))  # as the runtime sees it: read back from the IR
+    try:
+        expr = parse(format_expr(expr))  # as the runtime sees it: read back from the IR
+    except SymbolicError as exc:  # a size past the 8th power is outside the IR grammar
+        assume("a size to the power" not in str(exc))
+        raise
     try:
         want = evaluate(expr, {"n": nv, "m": mv})
     except KernelLensError:  # sympy may fold the strategy's output into a non-integer
