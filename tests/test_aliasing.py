@@ -111,10 +111,10 @@ def _run(model: onnx.ModelProto, x: np.ndarray, alias: bool) -> tuple[np.ndarray
     binding = session.io_binding()
     binding.bind_input("x", "cpu", 0, np.float32, list(x.shape), x.ctypes.data)
     mutated = x if alias else np.empty_like(x)
-    binding.bind_output("mutated_x", "cpu", 0, np.float32, list(x.shape), mutated.ctypes.data)
     binding.bind_output("output_0")
+    binding.bind_output("mutated_x", "cpu", 0, np.float32, list(x.shape), mutated.ctypes.data)
     session.run_with_iobinding(binding)
-    out = binding.copy_outputs_to_cpu()[0]
+    out = binding.copy_outputs_to_cpu()[0]  # in the order bound: output_0
     return out, mutated.copy()
 
 
@@ -153,3 +153,47 @@ def _nested_reader(read: str) -> onnx.ModelProto:
 def test_a_reader_two_subgraph_levels_deep_is_found():
     assert in_place_inputs(_nested_reader("x")) == set()
     assert in_place_inputs(_nested_reader("one2")) == {"x"}  # the same graph reading another tensor
+
+
+_SHAPE43 = helper.make_node("Constant", [], ["shape43"], value=helper.make_tensor("s", TensorProto.INT64, [2], SHAPE))
+VIEW_HAZARDS = {
+    # a Reshape view of x, read before the writer (to make the update) and again after it
+    "view_read_after_writer": [_SHAPE43, helper.make_node("Reshape", ["x", "shape43"], ["v"]),
+                               helper.make_node("ReduceSum", ["v", "ax"], ["row"], keepdims=1),
+                               helper.make_node("ScatterND", ["x", "idx", "row"], ["mutated_x"]),
+                               helper.make_node("Add", ["v", "mutated_x"], ["output_0"])],
+    # a chain of views (Identity of a Flatten... of x) read after the writer
+    "view_chain_read_after_writer": [_SHAPE43, helper.make_node("Identity", ["x"], ["v0"]),
+                                     helper.make_node("Reshape", ["v0", "shape43"], ["v"]),
+                                     helper.make_node("ReduceSum", ["v", "ax"], ["row"], keepdims=1),
+                                     helper.make_node("ScatterND", ["x", "idx", "row"], ["mutated_x"]),
+                                     helper.make_node("Add", ["v", "mutated_x"], ["output_0"])],
+    # a view of x that is itself a graph output: the caller reads it after the run
+    "view_is_an_output": [_SHAPE13, _row(), helper.make_node("Identity", ["x"], ["output_0"]),
+                          helper.make_node("ScatterND", ["x", "idx", "row"], ["mutated_x"])],
+}
+
+
+@pytest.mark.parametrize("name", sorted(VIEW_HAZARDS))
+def test_a_view_of_the_input_read_after_the_writer_keeps_it_out_of_place(name):
+    """ONNX Runtime's Reshape/Identity/... return the input's own buffer: reading such a view after
+    the writer reads the new contents when the output is bound to the input."""
+    model = _model(VIEW_HAZARDS[name], ["output_0", "mutated_x"])
+    onnx.checker.check_model(model)
+    assert in_place_inputs(model) == set()
+    x = np.arange(12, dtype=np.float32).reshape(SHAPE)
+    copied, aliased = _run(model, x, alias=False), _run(model, x, alias=True)
+    if name == "view_read_after_writer":  # what the rule prevents, shown on ONNX Runtime's CPU EP
+        assert not np.array_equal(copied[0], aliased[0]), "ONNX Runtime no longer aliases the view"
+
+
+def test_a_view_read_only_before_the_writer_stays_in_place():
+    nodes = [_SHAPE43, helper.make_node("Reshape", ["x", "shape43"], ["v"]),
+             helper.make_node("ReduceSum", ["v", "ax"], ["row"], keepdims=1),
+             helper.make_node("ScatterND", ["x", "idx", "row"], ["mutated_x"]),
+             helper.make_node("Identity", ["row"], ["output_0"])]
+    model = _model(nodes, ["output_0", "mutated_x"])
+    assert in_place_inputs(model) == {"x"}
+    x = np.arange(12, dtype=np.float32).reshape(SHAPE)
+    copied, aliased = _run(model, x, alias=False), _run(model, x, alias=True)
+    assert np.array_equal(copied[0], aliased[0]) and np.array_equal(copied[1], aliased[1])

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import kernel_lens as kl
+from kernel_lens.errors import InputError
 
 from conftest import CORPUS, EXAMPLES, flatten, load_module
 
@@ -100,6 +101,63 @@ def test_inplace_inputs_are_bound_as_their_own_output():
     for name in runner.in_place:
         i = compiled.ir.inputs.index(name)
         assert state.bound[f"mutated_{name}"][0] == inputs[i].data_ptr()
+
+
+def test_a_written_input_passed_twice_is_refused_in_one_line():
+    """Issue 30 item 10: the same tensor as the written input and as another input (or a view
+    overlapping it) is refused before the launch; separate tensors run."""
+    module = load_module(CORPUS / "inplace_input.py")
+    compiled = _compiled(module)
+    base = torch.randn(1000, device="cuda")
+    y = base[:600]
+    for other in (y, base[:600], base[300:900]):  # itself, an alias, an overlapping view
+        with pytest.raises(InputError, match="written in place by the model and shares memory") as err:
+            compiled.run(y, other)
+        assert "\n" not in str(err.value)
+    x = torch.randn(600, device="cuda")
+    ref = y + module.Model.alpha * x
+    compiled.run(y, x)
+    assert torch.equal(_bits(y), _bits(ref))
+
+
+def test_cuda_ep_views_of_a_written_input_read_after_the_writer_are_not_bound_in_place():
+    """Issue 30 item 10: on the CUDA EP a Reshape of the written input is its buffer (Alias(0,0));
+    bound in place, a reader after the writer sees the new contents. The rule keeps such an input
+    out of place; a view read only before the writer stays in place and exact."""
+    import numpy as np
+    import onnxruntime as ort
+
+    import test_aliasing as cases
+    from kernel_lens.onnx.aliasing import in_place_inputs
+
+    def run(model, alias):
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CUDAExecutionProvider"])
+        x = torch.arange(12, dtype=torch.float32, device="cuda").reshape(cases.SHAPE)
+        out = torch.empty_like(x)
+        mutated = x if alias else torch.empty_like(x)
+        binding = session.io_binding()
+        binding.bind_input("x", "cuda", 0, np.float32, list(x.shape), x.data_ptr())
+        binding.bind_output("output_0", "cuda", 0, np.float32, list(out.shape), out.data_ptr())
+        binding.bind_output("mutated_x", "cuda", 0, np.float32, list(x.shape), mutated.data_ptr())
+        session.run_with_iobinding(binding)
+        torch.cuda.synchronize()
+        return out.cpu(), mutated.cpu()
+
+    hazard = cases._model(cases.VIEW_HAZARDS["view_read_after_writer"], ["output_0", "mutated_x"])
+    assert in_place_inputs(hazard) == set()
+    copied, aliased = run(hazard, False), run(hazard, True)
+    print(f"cuda ep view hazard: out-of-place vs bound max_abs_diff={(copied[0] - aliased[0]).abs().max().item()}")
+    assert not torch.equal(copied[0], aliased[0]), "the CUDA EP no longer aliases Reshape"
+    nodes = [cases._SHAPE43, cases.helper.make_node("Reshape", ["x", "shape43"], ["v"]),
+             cases.helper.make_node("ReduceSum", ["v", "ax"], ["row"], keepdims=1),
+             cases.helper.make_node("ScatterND", ["x", "idx", "row"], ["mutated_x"]),
+             cases.helper.make_node("Add", ["row", "one"], ["o"]),
+             cases.helper.make_node("Expand", ["o", "shape43"], ["output_0"])]
+    safe = cases._model(nodes, ["output_0", "mutated_x"])
+    assert in_place_inputs(safe) == {"x"}
+    copied, aliased = run(safe, False), run(safe, True)
+    assert torch.equal(copied[0], aliased[0]) and torch.equal(copied[1], aliased[1])
+    print("cuda ep view read before the writer: bound in place, max_abs_diff=0.0")
 
 
 @pytest.mark.parametrize("mode", MODES)

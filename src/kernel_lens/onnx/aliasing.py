@@ -13,6 +13,11 @@ the old contents after they are overwritten:
   writer starts (ONNX Runtime runs nodes in a topological order); ``Shape`` and ``Size`` read
   no contents;
 * the input is read by no subgraph (``If``/``Loop`` bodies are scheduled as one node);
+* the rules above hold for every *view* of the input as well: ONNX Runtime's ``Reshape``,
+  ``Squeeze``, ``Unsqueeze``, ``Flatten``, ``Identity`` (and ``Dropout``, ``Optional*``) kernels
+  are registered with ``Alias(0, 0)`` and return the input's own buffer, so a node reading such a
+  view after the writer would read the new contents; a view that is a graph output is refused
+  too (the caller reads it after the run);
 * if the writer itself reads the input, it must work in place with input and output one buffer:
   a ``kernel_lens`` launch node (its C++ copies the initial contents only when the two buffers
   differ, then launches) on a tensor it updates, or ``ScatterND``/``ScatterElements`` with the
@@ -29,6 +34,9 @@ from .context import DOMAIN
 MUTATED_PREFIX = "mutated_"
 _NO_CONTENTS = {("", "Shape"), ("", "Size")}  # read only the shape
 _SCATTERS = {("", "ScatterND"), ("", "ScatterElements")}  # input 0 is data, updated in place
+# ONNX Runtime kernels registered with Alias(0, 0): output 0 is input 0's buffer (CPU and CUDA EP)
+_VIEWS = {("", op) for op in ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Dropout",
+                              "Optional", "OptionalGetElement")} | {("com.microsoft", "ExpandDims")}
 
 
 def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
@@ -52,6 +60,15 @@ def _in_place_writer(node: onnx.NodeProto, name: str) -> bool:
     return False
 
 
+def _views(graph: onnx.GraphProto, name: str) -> set[str]:
+    """``name`` and every value that may be a view of its buffer (through alias kernels)."""
+    names = {name}
+    for node in graph.node:  # ONNX graphs are topologically sorted: one pass reaches every view
+        if (node.domain, node.op_type) in _VIEWS and node.input and node.input[0] in names:
+            names.update(o for o in node.output if o)
+    return names
+
+
 def in_place_inputs(model: onnx.ModelProto) -> set[str]:
     """Graph inputs ``x`` whose ``mutated_x`` output may be bound to ``x``'s own buffer."""
     graph = model.graph
@@ -72,14 +89,16 @@ def in_place_inputs(model: onnx.ModelProto) -> set[str]:
             continue
         writer = producer[out]
         before = nx.ancestors(deps, writer)
-        safe = True
+        views = _views(graph, x)
+        safe = not (views - {x}) & outputs
         for i, node in enumerate(graph.node):
-            if x in inner[i]:
+            read = views.intersection(node.input)
+            if views & inner[i]:
                 safe = False
-            elif x not in node.input or (node.domain, node.op_type) in _NO_CONTENTS:
+            elif not read or (node.domain, node.op_type) in _NO_CONTENTS:
                 continue
             elif i == writer:
-                safe = safe and _in_place_writer(node, x)
+                safe = safe and read == {x} and _in_place_writer(node, x)
             elif i not in before:
                 safe = False
         if safe:
