@@ -153,3 +153,18 @@ def test_a_symbol_only_in_an_input_shape_is_read_for_the_dim_checks():
     assert [s.name for s in launch.symbols] == ["n"]
     assert [(c.input, c.dim, c.expr) for c in launch.dim_checks] == [(1, 0, "n")]
     assert "sym_n = ctx.dim(0, 0)" in render_launches(ir).replace("const int64_t ", "")
+
+
+def test_a_truth_guard_torch_gave_as_an_integer_prints_as_nonzero():
+    """FlagGems' pointwise heuristics reached the emitter as the guard ``1`` (a truth value that is
+    1/0 after torch's simplification, H200 run 2026-12-02): printed as C's truth of an integer."""
+    from kernel_lens.errors import SymbolicError
+    from kernel_lens.targets.common.emit import _Printer
+
+    printer = _Printer(["s0"])
+    assert printer.bool("1") == "(INT64_C(1) != 0)"
+    assert printer.bool("0") == "(INT64_C(0) != 0)"
+    assert printer.bool("s0 <= 4") == "(sym_s0 <= INT64_C(4))"
+    assert printer.bool("Mod(s0, 2)") == "(kl_mod(sym_s0, INT64_C(2)) != 0)"
+    with pytest.raises(SymbolicError, match="not a boolean"):
+        printer.bool("1/3")

@@ -1,6 +1,8 @@
 """gemlite: `gemlite.helper.A16W1_HQQ_INT().from_weights(W_q, scales, zeros)` (HQQ 1-bit
 weights bit-packed into int32, group 64, fp16 activations)."""
 
+import sys
+
 import torch
 import gemlite
 from gemlite.helper import A16W1_HQQ_INT
@@ -14,6 +16,12 @@ library_env = {}
 # for exact autotune keys (the documented max-autotune switch) keeps it symbolic. The kernel
 # choice by count (GEMV / GEMV_SPLITK / GEMM_SPLITK / GEMM) then splits the range into pieces.
 gemlite.core.set_autotune_setting(lambda M: M)
+# gemlite 0.6.0.post2's setting rebinds `triton_kernels.utils.get_closest_m` only; its kernel
+# modules took the name by `from .utils import *` at import, so the case applies it there too
+# (as a user of that version must for max-autotune to take effect).
+for _mod in [m for n, m in sys.modules.items() if n.startswith("gemlite.triton_kernels.")]:
+    if hasattr(_mod, "get_closest_m"):
+        _mod.get_closest_m = gemlite.triton_kernels.utils.get_closest_m
 
 IN, OUT = 256, 256
 

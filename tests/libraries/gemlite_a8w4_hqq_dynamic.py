@@ -5,6 +5,8 @@ weights (W_q - zero) * scale to fp8 before the dot and its GEMV kernels do not, 
 from this reference, and across the token counts that pick different kernels, by up to ~0.2 (H200,
 outputs of std ~1.6): hence the wide atol."""
 
+import sys
+
 import torch
 import gemlite
 from gemlite.helper import A8W4_HQQ_INT_dynamic
@@ -18,6 +20,12 @@ library_env = {}
 # for exact autotune keys (the documented max-autotune switch) keeps it symbolic. The kernel
 # choice by count (GEMV / GEMV_SPLITK / GEMM_SPLITK / GEMM) then splits the range into pieces.
 gemlite.core.set_autotune_setting(lambda M: M)
+# gemlite 0.6.0.post2's setting rebinds `triton_kernels.utils.get_closest_m` only; its kernel
+# modules took the name by `from .utils import *` at import, so the case applies it there too
+# (as a user of that version must for max-autotune to take effect).
+for _mod in [m for n, m in sys.modules.items() if n.startswith("gemlite.triton_kernels.")]:
+    if hasattr(_mod, "get_closest_m"):
+        _mod.get_closest_m = gemlite.triton_kernels.utils.get_closest_m
 
 IN, OUT = 256, 256
 

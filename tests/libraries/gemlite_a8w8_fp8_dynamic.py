@@ -1,6 +1,8 @@
 """gemlite: `gemlite.helper.A8W8_fp8_dynamic().from_linear(...)` (dynamic per-token fp8
 activation quantization by a Triton kernel, then an fp8 x fp8 GEMM)."""
 
+import sys
+
 import torch
 import gemlite
 from gemlite.helper import A8W8_fp8_dynamic
@@ -14,6 +16,12 @@ library_env = {}
 # for exact autotune keys (the documented max-autotune switch) keeps it symbolic. The kernel
 # choice by count (GEMV / GEMV_SPLITK / GEMM_SPLITK / GEMM) then splits the range into pieces.
 gemlite.core.set_autotune_setting(lambda M: M)
+# gemlite 0.6.0.post2's setting rebinds `triton_kernels.utils.get_closest_m` only; its kernel
+# modules took the name by `from .utils import *` at import, so the case applies it there too
+# (as a user of that version must for max-autotune to take effect).
+for _mod in [m for n, m in sys.modules.items() if n.startswith("gemlite.triton_kernels.")]:
+    if hasattr(_mod, "get_closest_m"):
+        _mod.get_closest_m = gemlite.triton_kernels.utils.get_closest_m
 
 IN, OUT = 256, 256
 

@@ -63,6 +63,8 @@ class _Printer:
             return "(" + op.join(self._bool(a) for a in expr.args) + ")"
         if isinstance(expr, sympy.Not):
             return f"(!{self._bool(expr.args[0])})"
+        if isinstance(expr, sympy.Expr) and expr.is_integer:  # a truth value torch gave as 1/0
+            return f"({to_cxx(expr, self.rename)} != 0)"
         raise SymbolicError(f"guard {expr} is not a boolean over integer expressions")
 
 
