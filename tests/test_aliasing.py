@@ -30,7 +30,8 @@ def _model(nodes, outputs, *, extra_inputs=(), ranks=None) -> onnx.ModelProto:
         helper.make_tensor("ax", TensorProto.INT64, [1], [0]),
     ])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
-                                                   helper.make_opsetid(DOMAIN, 1)])
+                                                   helper.make_opsetid(DOMAIN, 1)],
+                             ir_version=10)  # what every ONNX Runtime of the GPU host reads
 
 
 def _row(name="row"):  # a [1, 3] update computed from nothing the graph writes

@@ -854,3 +854,58 @@ def test_the_lowering_cache_is_keyed_by_opset():
     for opset in (18, 23, 18):  # the second 18 comes from the cache: still opset 18
         model = lower_to_onnx_cached(ir, opset=opset)
         assert {o.domain: o.version for o in model.opset_import}[""] == opset
+
+
+class _TransposedWeight(_Kernels):
+    """A weight stored transposed (strides [1, 5] for shape [5, 3], as quantization libraries
+    keep theirs) read flat by a kernel, which reads its memory order, and by a torch op."""
+
+    def __init__(self, triton_kernels: bool = True):
+        super().__init__(triton_kernels)
+        self.w = torch.nn.Parameter(torch.arange(15.0).reshape(3, 5).t(), requires_grad=False)
+
+    def forward(self, x):  # x: (n,)
+        flat = torch.empty(15)
+        if self.triton_kernels:
+            _copy_kernel[(1,)](self.w, flat, 15, BLOCK=16)
+        else:
+            flat = self.w.t().reshape(-1).clone()  # the storage: what the kernel reads
+        return flat.sum() + x, self.w * 2
+
+
+def test_a_kernel_reading_a_transposed_weight_reads_its_memory_order_in_ort():
+    assert not _TransposedWeight().w.is_contiguous()
+    ir, ref = _lift(_TransposedWeight, (torch.randn(4),), {"x": {0: torch.export.Dim("n", min=2, max=64)}})
+    model = lower_to_onnx(ir)
+    launch = next(n for n in model.graph.node if n.domain == "kernel_lens")
+    weights = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    bound = weights[launch.input[0]]  # the Transpose to memory order, folded into a weight
+    np.testing.assert_array_equal(bound, np.arange(15.0).reshape(3, 5))
+    _run_and_compare(ir, ref, [(4,), (9,)], lambda n: (torch.randn(n),))
+
+
+def test_a_kernel_writing_a_transposed_tensor_is_rejected():
+    _, ir = _compiled("vector_add")
+    doc = ir.model_dump()
+    out = next(a["value"] for a in doc["launches"][0]["args"] if a.get("role") == "output")
+    assert doc["values"][out]["kind"] != "constant"
+    doc["values"][out]["shape"], doc["values"][out]["strides"] = ["n", "2"], ["1", "n"]
+    for arg in doc["launches"][0]["args"]:
+        if arg.get("value") == out:
+            arg["shape"], arg["strides"] = ["n", "2"], ["1", "n"]
+    with pytest.raises(UnsupportedKernelError, match="not dense row-major"):
+        lower_to_onnx(GraphIR.model_validate(doc))
+
+
+class _ResultType(_Kernels):
+    """torch.result_type in the forward (FlagGems' where): a dtype known at trace time."""
+
+    def forward(self, x):
+        dtype = torch.result_type(x, torch.ones(1, dtype=torch.float64))  # float64
+        return self.copy(x).to(dtype) * 2
+
+
+def test_a_dtype_computed_in_the_forward_is_a_constant_in_ort():
+    ir, ref = _lift(_ResultType, (torch.randn(6),), {"x": {0: torch.export.Dim("n", min=2, max=64)}})
+    assert any("to" in op.op for op in ir.ops) and not any("result_type" in op.op for op in ir.ops)
+    _run_and_compare(ir, ref, [(6,), (11,)], lambda n: (torch.randn(n),))

@@ -181,6 +181,7 @@ def test_onnxruntime_cuda_graph_mode_captures_the_custom_ops(tmp_path):
     binding.bind_output("output_0", "cuda", 0, np.float32, tuple(out.shape), out.data_ptr())
     for step in range(3):  # the first run captures the graph, later runs replay it
         x.copy_(torch.randn_like(x))
+        torch.cuda.synchronize()  # ORT runs on its own stream: the copy must land first
         sess.run_with_iobinding(binding)
         torch.cuda.synchronize()
         assert torch.equal(out, _cuda_model(module)(x, y)), step

@@ -17,9 +17,9 @@ library_env = {}
 # choice by count (GEMV / GEMV_SPLITK / GEMM_SPLITK / GEMM) then splits the range into pieces.
 gemlite.core.set_autotune_setting(lambda M: M)
 # gemlite 0.6.0.post2's setting rebinds `triton_kernels.utils.get_closest_m` only; its kernel
-# modules took the name by `from .utils import *` at import, so the case applies it there too
-# (as a user of that version must for max-autotune to take effect).
-for _mod in [m for n, m in sys.modules.items() if n.startswith("gemlite.triton_kernels.")]:
+# and quantization modules took the name by `from .utils import ...` at import, so the case
+# applies it there too (as a user of that version must for max-autotune to take effect).
+for _mod in [m for n, m in sys.modules.items() if n.startswith("gemlite.")]:
     if hasattr(_mod, "get_closest_m"):
         _mod.get_closest_m = gemlite.triton_kernels.utils.get_closest_m
 

@@ -288,6 +288,13 @@ def _storage_id(t: torch.Tensor) -> int | None:
         return None
 
 
+def _returns_dtype(target: Any) -> bool:
+    """An ATen op whose one result is a ScalarType (``result_type``, ``promote_types``)."""
+    schema = getattr(target, "_schema", None)
+    return schema is not None and len(schema.returns) == 1 \
+        and str(schema.returns[0].real_type) == "ScalarType"  # (its .type prints as int)
+
+
 def _constant(t: torch.Tensor) -> ConstantData:
     t = t.detach().contiguous().cpu()
     return ConstantData(dtype=dtype_from_torch(t.dtype), shape=list(t.shape),
@@ -315,6 +322,7 @@ class _GraphBuilder:
         self.values: dict[str, TensorValue] = {}
         self.constants: dict[str, ConstantData] = {}
         self.alias: dict[str, str] = {}
+        self.dtypes: dict[str, torch.dtype] = {}  # nodes computing a dtype (torch.result_type)
         self.ops: list[TorchOp] = []
         self.launches: list[Launch] = []
         sig = program.graph_signature
@@ -341,6 +349,8 @@ class _GraphBuilder:
                 return ValueArg(ref=self.alias.get(a.name, a.name))
             if isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool):
                 return SymArg(sym=self.syms.expr(val, f"value {a.name}"))
+            if a.name in self.dtypes:  # torch.result_type(...): a constant of the trace
+                return ConstArg(const=str(self.dtypes[a.name]))
             raise UnsupportedKernelError(f"torch value {a.name} of type {type(val).__name__} "
                                          f"cannot be represented in the IR")
         if isinstance(a, torch.SymInt):  # a size a decomposition took as a constant
@@ -383,6 +393,10 @@ class _GraphBuilder:
             self.alias[node.name] = self.alias.get(item, item)  # an inlined body's result
             return order
         elif any(s in str(node.target) for s in _SKIP_OPS) or isinstance(val, (torch.SymInt, torch.SymBool, int, bool)):
+            return order
+        elif _returns_dtype(node.target):  # result_type, promote_types: fixed by the input dtypes
+            args = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args]
+            self.dtypes[node.name] = node.target(*args)
             return order
         elif getattr(node.target, "__name__", None) in _WRAPPERS:
             return self._inline_wrapper(node, order, depth)

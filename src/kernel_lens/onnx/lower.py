@@ -521,7 +521,7 @@ class Lowering:
     def launch(self, idx: int, launch: Launch) -> None:
         self._check_launch(launch)
         io = launch_io(self.ir, launch, f"__{launch.order}")
-        inputs = [self._root_now(v) for v in io.inputs]
+        inputs = [self._in_storage_order(self._root_now(v), self.ir.values[v]) for v in io.inputs]
         outputs = []
         for value, new in io.outputs:
             if new in self.taken:  # e.g. a second kernel also writing an allocation "fresh"
@@ -542,6 +542,8 @@ class Lowering:
     def _check_launch(self, launch: Launch) -> None:
         kernel = self.ir.kernels[launch.kernel]
         where = f"launch {launch.order} ({launch.kernel})"
+        written = {root_of(self.ir, a.value) for a in launch.args if a.value is not None
+                   and kernel.param(a.name).binds_tensor and a.role in ("output", "inplace")}
         for arg in launch.args:
             if arg.value is None or not kernel.param(arg.name).binds_tensor:
                 continue
@@ -551,12 +553,13 @@ class Lowering:
                     f"(kl.compile runs the pass pipeline; kl.lift alone does not)")
             root = root_of(self.ir, arg.value)  # what launch_io binds
             rv = self.ir.values[root]
-            if not self._dense(rv):
+            if not self._dense(rv) and not (self._storage_order(rv) and rv.kind == "constant"
+                                            and root not in written):
                 raise UnsupportedKernelError(
                     f"{where} argument {arg.name!r} points into {root!r}, whose torch layout "
                     f"(strides {rv.strides} for shape {rv.shape}) is not dense row-major; ONNX "
                     f"tensors are, so the kernel's strides would not match (make it .contiguous() "
-                    f"before the launch)")
+                    f"before the launch; a weight only read, dense in another dim order, is fine)")
             # launch_io binds the kernel to the root it reaches through every aliasing op
             for view in self.chain(arg.value):
                 src = self.ir.values[view.aliases[0]]
@@ -567,6 +570,32 @@ class Lowering:
                         f"{view.op} (position {view.order}) as another dtype; the kernel would be "
                         f"bound to {root!r}'s memory with {view.op}'s element type (bit casts of "
                         f"kernel arguments are not supported: pass the tensor itself)")
+
+    def _storage_order(self, value: TensorValue) -> list[int] | None:
+        """The dim order in which a static tensor's memory is dense row-major (a transposed
+        weight: strides [1, K] for shape [K, N] gives [1, 0]), or None (not dense in any order,
+        or sizes not all known)."""
+        try:
+            shape = [int(x) for x in value.shape]
+            strides = [int(x) for x in value.strides]
+        except (TypeError, ValueError):
+            return None
+        order = sorted(range(len(shape)), key=lambda d: (-strides[d], d))
+        expected = 1
+        for d in reversed(order):
+            if shape[d] != 1 and strides[d] != expected:
+                return None
+            expected *= shape[d]
+        return order
+
+    def _in_storage_order(self, name: str, value: TensorValue) -> str:
+        """A kernel bound to a weight stored in another dim order reads its memory: the weight's
+        (row-major) initializer transposed to that order has the same bytes as torch's storage."""
+        if value.kind != "constant" or self._dense(value):
+            return name
+        perm = self._storage_order(value)
+        return self._cached(("storage", name, tuple(perm)),
+                            lambda: self.node("Transpose", [name], perm=perm), scope="weights")
 
     def _dense(self, value: TensorValue) -> bool:
         expected = sympy.Integer(1)
