@@ -264,8 +264,10 @@ def worker(path: Path, phase: str, device: str, result_file: Path) -> None:
                 kwargs.update(targets=["ort"], output_dir=out_dir)
             compiled = kl.compile(model, inputs, **kwargs)
             result["status"] = "compiled"
-            result["launches"] = len(compiled.ir.launches)
-            result["kernels"] = sorted({launch.kernel for launch in compiled.ir.launches})
+            launches = [launch for graph in compiled.ir.graphs() for launch in graph.launches]
+            result["launches"] = len(launches)  # every size piece's (a split model has no top-level ones)
+            result["kernels"] = sorted({launch.kernel for launch in launches})
+            result["pieces"] = len(compiled.ir.pieces)
             reference = getattr(mod, "reference", None)
             if reference is not None and device == "cpu":
                 want = reference(*_to(tuple(mod.example_inputs), device))
@@ -386,7 +388,8 @@ def run_phase(path: Path, phase: str, device: str, timeout: float) -> dict:
 def cell(result: dict) -> str:
     status = result.get("status")
     if status == "compiled":
-        text = f"compiled ({result.get('launches')} launches"
+        pieces = f" in {result['pieces']} size pieces" if result.get("pieces") else ""
+        text = f"compiled ({result.get('launches')} launches{pieces}"
         if "matches_reference" in result:
             text += ", matches reference" if result["matches_reference"] else \
                 f", MISMATCH vs reference (max abs {result.get('max_abs_diff'):.3g})"
