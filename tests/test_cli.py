@@ -154,3 +154,71 @@ def test_every_flag_that_changes_the_trace_reaches_it(command, tmp_path, monkeyp
     assert seen["autotune"] == {"scaled_add_kernel": {"BLOCK_SIZE": 32}}
     if "none" not in command:  # no pass runs on a bare lift: nothing to lower
         assert seen["options"] == {"ptx_version": "8.4", "cuda_version": "12.4"}
+
+
+# ------------------------------------------------------------------ progress, -q/-v, signals, OS errors
+
+
+def test_compile_reports_each_stage_with_its_time_the_cache_and_the_next_step(tmp_path):
+    first = kl("compile", TOY, "-o", str(tmp_path / "a")).stderr.splitlines()
+    again = kl("compile", TOY, "-o", str(tmp_path / "b"), "-v").stderr  # -v after the command
+    for stage in ("load model", "capture", "trace", "aot add_kernel", "pass role-inference",
+                  "pass specialization"):
+        assert any(line.startswith(f"kernel_lens: {stage}") and " s" in line for line in first), stage
+    assert "aot add_kernel (sm_90, specialized): " in again and "reused from cache" in again
+    assert first[-2].startswith("kernel_lens: next: run it with kernel_lens.load(")
+    assert first[-1].startswith("kernel_lens: done in ")
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_quiet_before_or_after_the_command_prints_only_results(where, tmp_path):
+    args = ["compile", TOY, "-o", str(tmp_path)]
+    proc = kl(*(["-q", *args] if where == "before" else [*args, "-q"]))
+    assert proc.stderr == "" and "ir: " in proc.stdout
+
+
+def test_ctrl_c_is_one_line_exit_130_and_leaves_no_manifest(tmp_path):
+    import signal
+    import time
+
+    slow = tmp_path / "slow_model.py"
+    slow.write_text("import time\ntime.sleep(60)\n")
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "kernel_lens.cli", "compile", str(slow), "-o", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (out.exists() or time.monotonic() > deadline):  # the folder is checked before the load
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert err.strip().splitlines()[-1] == "kernel_lens: interrupted (Ctrl-C)"
+    assert "Traceback" not in err and not list(out.glob("*.json"))
+
+
+def test_a_closed_pipe_is_not_an_internal_error():
+    proc = subprocess.run(f"{sys.executable} -m kernel_lens.cli dump-ir {TOY} | head -1", shell=True,
+                          capture_output=True, text=True, timeout=600, executable="/bin/bash")
+    assert proc.stdout.count("\n") == 1
+    assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr \
+        and "Exception ignored" not in proc.stderr
+
+
+@pytest.mark.parametrize("code,fix", [(28, "free disk space"), (13, "check the permissions"),
+                                      (30, "read-only")])
+def test_os_errors_are_one_line_with_the_fix(code, fix, tmp_path, monkeypatch, capsys):
+    import errno
+    import os
+
+    from kernel_lens import cli, compiler
+
+    assert code in (errno.ENOSPC, errno.EACCES, errno.EROFS)
+
+    def refuse(self, directory, *args, **kwargs):
+        raise OSError(code, os.strerror(code), str(directory))
+    monkeypatch.setattr(compiler.CompiledModel, "write", refuse)
+    assert cli.main(["-q", "compile", TOY, "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("kernel_lens: error: ") and fix in err[0]
+    assert "internal error" not in err[0] and str(tmp_path / "o") in err[0]

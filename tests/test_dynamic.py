@@ -57,3 +57,35 @@ def test_cli_dynamic_prints_the_settled_ranges():
     assert "dynamic dims (--dynamic):" in proc.stderr
     assert "x_1 = x.shape[1] in [2, inf]" in proc.stderr
     assert "x_1 = x.shape[1]" in proc.stdout  # the summary's symbol table
+
+
+# -------------------------------------------------------------- dynamic_shapes checked before any work
+def _never_called(*_):
+    raise AssertionError("the capture ran")
+
+
+@pytest.mark.parametrize("shapes,match", [
+    ({"x": {0: torch.export.Dim("n", min=2, max=64)}, "z": None}, r"names 'z', which forward does not take; its parameters: x, y"),
+    (({0: torch.export.Dim("n", min=2, max=64)},), r"1 entries but there are 2 example inputs"),
+    ({"x": (None, None)}, r"dynamic_shapes\['x'\] has 2 entries but the example input has 1 dims"),
+    ({"x": {3: torch.export.Dim("n", min=2, max=64)}}, r"names dim 3, but the example input has 1 dims"),
+    ({"x": {0: torch.export.Dim("n", min=100, max=200)}}, r"example input 'x' has size 1000 along dim 0, outside its Dim 'n' = \[100, 200\].*min=100, max=1000"),
+])
+def test_a_dynamic_shapes_mistake_is_one_line_before_the_capture(shapes, match, monkeypatch):
+    import kernel_lens.frontends.lift as lift_module
+
+    monkeypatch.setattr(lift_module, "capture", _never_called)
+    module = load_module(EXAMPLES / "toy_two_kernels.py")
+    with pytest.raises(InputError, match=match) as err:
+        kl.compile(module.model, module.example_inputs, dynamic_shapes=shapes)
+    assert "\n" not in str(err.value)
+
+
+def test_a_pass_name_typo_is_refused_before_the_capture(monkeypatch):
+    import kernel_lens.frontends.lift as lift_module
+    from kernel_lens.errors import PassError
+
+    monkeypatch.setattr(lift_module, "capture", _never_called)
+    module = load_module(EXAMPLES / "toy_two_kernels.py")
+    with pytest.raises(PassError, match=r"no pass named 'role-inferense' \(did you mean 'role-inference'\?\)"):
+        kl.compile(module.model, module.example_inputs, dump_after=["role-inferense"])

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
+import os
 import sys
+import threading
+import time
 import traceback
 
-from . import _gc
+from . import _gc, progress
 from .archs import parse_arch
 from .errors import ArchError, InputError, KernelLensError, OutputPathError, printable
 from .fileio import check_folder
@@ -100,16 +104,26 @@ def _front_half_args(p: argparse.ArgumentParser) -> None:
                    help="lower PTX to what this CUDA driver version accepts (e.g. 12.4)")
 
 
+def _verbosity(p: argparse.ArgumentParser, default) -> None:
+    """-v/-q, accepted before or after the subcommand (on a subcommand they default to
+    SUPPRESS, so one given before it is kept)."""
+    p.add_argument("-v", "--verbose", action="store_true", default=default,
+                   help="also log details (what each stage did, pass timings)")
+    p.add_argument("-q", "--quiet", action="store_true", default=default,
+                   help="no progress lines: only results and errors")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="kernel_lens",
         description="Compile PyTorch models with custom Triton kernels for ONNX Runtime and TensorRT.")
     parser.add_argument("--version", action="version", version=f"kernel_lens {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress and pass timings")
+    _verbosity(parser, argparse.SUPPRESS)
     parser.add_argument("--debug", action="store_true",
                         help="on an error, show the full message, the traceback and what "
                              "torch printed (without it: one line)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub.add_parser = _with_verbosity(sub.add_parser)  # type: ignore[method-assign]
 
     dump = sub.add_parser("dump-ir", help="print the IR of a model file (human-readable or JSON)")
     dump.add_argument("file", nargs="?", help="model file (not needed with --schema)")
@@ -168,6 +182,14 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _with_verbosity(add_parser):
+    def add(*args, **kwargs):
+        p = add_parser(*args, **kwargs)
+        _verbosity(p, argparse.SUPPRESS)
+        return p
+    return add
+
+
 def _options(args: argparse.Namespace) -> dict:
     return {k: v for k, v in (("ptx_version", args.ptx_version), ("cuda_version", args.cuda_version)) if v}
 
@@ -175,7 +197,8 @@ def _options(args: argparse.Namespace) -> dict:
 def _compile(args: argparse.Namespace, **kwargs):
     from .compiler import compile  # lazy: torch and triton (seconds to import) stay out of --version/--help
 
-    mf = load_model_file(args.file)
+    with progress.stage(f"load model {args.file}"):
+        mf = load_model_file(args.file)
     compiled = compile(mf.model, mf.example_inputs, arch=args.arch, **_shapes(args, mf),
                        roles=args.roles or mf.roles, autotune=args.autotune or mf.autotune,
                        options=_options(args), **kwargs)  # an override naming no autotuned kernel: InputError
@@ -209,7 +232,8 @@ def cmd_dump_ir(args: argparse.Namespace) -> int:
         from .compiler import lift
         from .summary import summarize
 
-        mf = load_model_file(args.file)
+        with progress.stage(f"load model {args.file}"):
+            mf = load_model_file(args.file)
         ir = lift(mf.model, mf.example_inputs, arch=args.arch, **_shapes(args, mf),
                   roles=args.roles or mf.roles, autotune=args.autotune or mf.autotune)
         _report_dims(args, ir)
@@ -264,6 +288,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print(f"{kind}: {path}")
     if args.dump_after:
         print(f"dumps: {out / 'dumps'}")
+    progress.log.info("next: run it with kernel_lens.load(%r).run(...)%s", str(out),
+                      f"; serve it with kernel_lens export-triton {out} -o REPO" if "ort" in args.target
+                      else "; build a runtime with --target ort (see kernel_lens targets)"
+                      if not args.target else "")
     return 0
 
 
@@ -297,13 +325,105 @@ def main(argv: list[str] | None = None) -> int:
     _gc.FREEZE = True  # our own process: long-lived imports skip later GC passes (see _gc)
     parser = _parser()
     args = parser.parse_args(argv)
+    args.verbose, args.quiet = getattr(args, "verbose", False), getattr(args, "quiet", False)
     logging.basicConfig(level=logging.INFO if args.verbose or args.debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     if args.debug:  # kernel_lens's own debug records, e.g. what torch.export printed
         logging.getLogger("kernel_lens").setLevel(logging.DEBUG)
-    if args.command == "compile":  # long steps report progress (to stderr) even without -v
-        for name in ("kernel_lens.toolchain.build", "kernel_lens.frontends.aot", "kernel_lens.compiler"):
-            logging.getLogger(name).setLevel(logging.INFO)
+    shown = None
+    if args.command in ("compile", "dump-ir") and not args.quiet:  # stages, from the first second
+        shown = _progress_handler()
+    start = time.perf_counter()
+    try:
+        status = _dispatch(args)
+    finally:
+        if shown is not None:
+            shown.close()
+            logging.getLogger(progress.log.name).removeHandler(shown)
+    if shown is not None and status == 0:
+        print(f"kernel_lens: done in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    return status
+
+
+def _progress_handler() -> logging.Handler:
+    handler = _RichProgress() if sys.stderr.isatty() else _PlainProgress()
+    logger = logging.getLogger(progress.log.name)
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False  # not twice under -v
+    return handler
+
+
+class _PlainProgress(logging.Handler):
+    """Progress as plain lines on stderr (a pipe, a CI log): one line per finished stage with its
+    time; a stage still running after :attr:`SLOW` seconds is announced when it gets there."""
+
+    SLOW = 2.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timers: list[threading.Timer] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        event = getattr(record, "kl_event", None)
+        if event == progress.START:
+            timer = threading.Timer(self.SLOW, self._print, [record.getMessage()])
+            timer.daemon = True
+            self.timers.append(timer)
+            timer.start()
+            return
+        if event == progress.DONE and self.timers:
+            self.timers.pop().cancel()
+        self._print(record.getMessage())
+
+    def _print(self, text: str) -> None:
+        try:
+            print(f"kernel_lens: {printable(text)}", file=sys.stderr, flush=True)
+        except (OSError, ValueError):
+            pass  # stderr closed: progress is not worth an error
+
+    def close(self) -> None:
+        for timer in self.timers:
+            timer.cancel()
+        self.timers.clear()
+        super().close()
+
+
+class _RichProgress(logging.Handler):
+    """Progress on a terminal: a spinner naming the running stage, a line per finished one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from rich.console import Console  # lazy: only on a terminal
+
+        self.console = Console(stderr=True, highlight=False)
+        self.running: list[tuple[str, object]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        event = getattr(record, "kl_event", None)
+        text = printable(record.getMessage())
+        if event == progress.START:
+            status = self.console.status(text)
+            if self.running:
+                self.running[-1][1].stop()
+            status.start()
+            self.running.append((text, status))
+            return
+        if event == progress.DONE and self.running:
+            self.running.pop()[1].stop()
+            if self.running:
+                self.running[-1][1].start()
+        self.console.print(f"[green]✓[/green] {text}" if event == progress.DONE else text,
+                           markup=event == progress.DONE, highlight=False)
+
+    def close(self) -> None:
+        for _, status in self.running:
+            status.stop()
+        self.running.clear()
+        super().close()
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     handlers = {"dump-ir": cmd_dump_ir, "passes": cmd_passes, "compile": cmd_compile,
                 "targets": cmd_targets, "fetch-headers": cmd_fetch_headers, "doctor": cmd_doctor,
                 "export-triton": cmd_export_triton}
@@ -311,11 +431,34 @@ def main(argv: list[str] | None = None) -> int:
         return handlers[args.command](args)
     except KernelLensError as exc:
         return _report_error(exc, args.debug, 2)
+    except KeyboardInterrupt:
+        print("kernel_lens: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `kernel_lens dump-ir m.py | head`: the reader left
+        try:
+            sys.stdout = open(os.devnull, "w")  # no second error when Python flushes stdout
+        except OSError:
+            pass
+        return 141
+    except OSError as exc:  # the system refused: permissions, a full disk, a missing folder
+        return _report_error(exc, args.debug, 2, os_error=True)
     except Exception as exc:  # noqa: BLE001 - a bug of ours: one line, the traceback under --debug
         return _report_error(exc, args.debug, 1, internal=True)
 
 
-def _report_error(exc: Exception, debug: bool, status: int, internal: bool = False) -> int:
+def _os_fix(exc: OSError) -> str:
+    """What to do about an OSError, by its errno."""
+    fixes = {errno.EACCES: "check the permissions of that path (or choose another -o)",
+             errno.EPERM: "check the permissions of that path (or choose another -o)",
+             errno.ENOSPC: "free disk space there (or choose another -o / KERNEL_LENS_CACHE)",
+             errno.EDQUOT: "free disk space there (or choose another -o / KERNEL_LENS_CACHE)",
+             errno.EROFS: "the file system is read-only: choose another -o",
+             errno.ENOENT: "check that the path exists"}
+    return fixes.get(exc.errno, "see the message; --debug shows where it happened")
+
+
+def _report_error(exc: Exception, debug: bool, status: int, internal: bool = False,
+                  os_error: bool = False) -> int:
     """One line on stderr: ``kernel_lens: error: <type>: <first line of the message>``; with
     ``--debug``, the whole message and the traceback. Details (compiler output, pydantic's
     list, torch.export's explanation) stay out of the way of the line that names the fix."""
@@ -333,6 +476,8 @@ def _report_error(exc: Exception, debug: bool, status: int, internal: bool = Fal
     tail = f" [{', '.join(more)}: run again with --debug to see all]" if more else ""
     kind = "internal error" if internal else "error"
     hint = " (a kernel_lens bug: please report it with the --debug output)" if internal else ""
+    if os_error:
+        hint = f" ({_os_fix(exc)})"
     print(f"kernel_lens: {kind}: {type(exc).__name__}: {first}{tail}{hint}", file=sys.stderr)
     return status
 

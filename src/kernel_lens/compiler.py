@@ -413,17 +413,19 @@ def compile(model: Callable, example_inputs: Iterable[Any], *, dynamic_shapes: A
     targets = list(targets)
     if output_dir is not None:
         check_folder(output_dir)  # a file there is refused before any work starts
-    stage = _target_stage(stop_after, targets, pass_manager or default_pipeline())
+    pm = pass_manager or default_pipeline()
+    stage = _target_stage(stop_after, targets, pm)
     if stage is not None:
         if output_dir is None:
             raise KernelLensError(f"stop_after={stage!r} stops a target's build: give output_dir, "
                                   f"where its outputs are written")
         stop_after = None  # every pass runs
+    dump_after = list(dump_after)
+    pm.check_names([*dump_after, *([stop_after] if stop_after else [])])  # a typo costs no capture
     ir, outputs = lift_with_outputs(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes,
                                     arch=arch, roles=roles, autotune=autotune, dynamic=dynamic,
                                     translatable=supported)
     check_autotune(autotune, ir)
-    pm = pass_manager or default_pipeline()
     ir = pm.run(ir, pass_context(options), stop_after=stop_after, dump_after=dump_after, dump=dump)
     compiled = CompiledModel(ir, outputs, list(pm.timings))
     if targets and output_dir is None:  # like torch.compile: artifacts live in the cache

@@ -29,7 +29,6 @@ import os
 import re
 import sysconfig
 import tempfile
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -38,6 +37,7 @@ from triton._C.libtriton import get_cache_invalidating_env_vars
 from triton.compiler import ASTSource
 
 from ..errors import CompilationError
+from .. import progress
 from pydantic import ValidationError
 
 from ..ir import AbiParam, DType, KernelBinary, KernelIR, KernelParam, ParamKind, Specialization, TmaMeta
@@ -192,7 +192,7 @@ def _write_entry(key: str, compiled) -> None:
     entry_cache.write("aot", key, json.dumps(entry, sort_keys=True).encode(), ".json")
 
 
-def _compile(kernel: KernelIR, src: ASTSource, arch: int, options: dict):
+def _compile(kernel: KernelIR, src: ASTSource, arch: int, options: dict, shown: progress.Stage):
     """Triton's compiled kernel (or our cache's copy of it): ``.metadata`` and ``.asm``."""
     def fresh():
         try:
@@ -209,6 +209,7 @@ def _compile(kernel: KernelIR, src: ASTSource, arch: int, options: dict):
                      _locations(kernel, src))
     cached = _read_entry(key)
     if cached is not None:
+        shown.note = "reused from cache"
         return cached
     compiled = fresh()
     try:
@@ -252,10 +253,9 @@ def compile_binary(kernel: KernelIR, arch: int, assumptions: dict[str, Specializ
             "num_ctas": kernel.options.num_ctas, **kernel.options.extra}
     options, signature, constexprs, attrs = jit_fn._pack_args(backend, dict(opts), bound,
                                                               specialization, opts)
-    start = time.perf_counter()
-    compiled = _compile(kernel, ASTSource(jit_fn, signature, constexprs, attrs), arch, options.__dict__)
-    log.info("compiled %s for sm_%d (%s) in %.2fs", kernel.name, arch,
-             "specialized" if specialized else "generic", time.perf_counter() - start)
+    with progress.stage(f"aot {kernel.name} (sm_{arch}, {'specialized' if specialized else 'generic'})") as shown:
+        compiled = _compile(kernel, ASTSource(jit_fn, signature, constexprs, attrs), arch,
+                            options.__dict__, shown)
     md = compiled.metadata
     ptx = compiled.asm["ptx"]
     tma = _tma_meta(md)

@@ -18,6 +18,7 @@ import torch
 from torch.export.graph_signature import InputKind
 
 from ..archs import check_arch
+from .. import progress
 from ..errors import (DynamicConstexprError, InputError, SymbolicError, TraceError,
                       UnsupportedKernelError)
 from ..ir import (CompileOptions, ConstantData, ConstArg, Dispatch, GraphIR, KernelIR, KernelParam, Launch,
@@ -31,6 +32,7 @@ from .aot import compile_binary, jit_resolver
 from .capture import CapturedLaunch, capture, kernel_name
 from .decompose import decompose, needs_decomposition, tensor_args
 from . import arguments, size_functions, size_pieces
+from .shapes_check import check_dynamic_shapes
 from .source import describe_kernel
 from .trace import LAUNCH_OP, TracedLaunch, trace
 
@@ -590,6 +592,8 @@ def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes:
                          "makes every input dim that can vary dynamic)")
     if dynamic:
         dynamic_shapes = auto_dynamic_shapes(example_inputs)
+    else:
+        check_dynamic_shapes(model, example_inputs, dynamic_shapes)  # before any work
     arch = check_arch(default_arch() if arch is None else arch)
     roles = check_roles(roles)
     if not callable(model):
@@ -622,11 +626,13 @@ def _lift_graph(model: Callable, example_inputs: tuple, dynamic_shapes: Any, *, 
                 roles: dict, autotune: dict | None, display: str, dynamic: bool,
                 translatable: Callable[[str], bool] | None) -> tuple[GraphIR, Any]:
     """Capture, trace and AOT-compile one graph (see :func:`lift_with_outputs`)."""
-    captured = capture(model, tuple(example_inputs), arch, autotune)
+    with progress.stage("capture"):  # the eager run that records the Triton launches
+        captured = capture(model, tuple(example_inputs), arch, autotune)
     while True:
         try:
-            program, traced = trace(model, tuple(example_inputs), dynamic_shapes,
-                                    captured.launches)
+            with progress.stage("trace"):  # torch.export
+                program, traced = trace(model, tuple(example_inputs), dynamic_shapes,
+                                        captured.launches)
             break
         except DynamicConstexprError as exc:  # dynamic=True: a constexpr pins these dims
             if not dynamic or not _make_static(model, dynamic_shapes, exc.dims):

@@ -8,6 +8,7 @@ after any of them.
 
 from __future__ import annotations
 
+import difflib
 import heapq
 import logging
 import re
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, ClassVar, Iterable
 
 from ..errors import PassError, PostconditionError, PreconditionError
+from .. import progress
 from ..fileio import inside, subfolder
 from ..ir import GraphIR
 
@@ -160,16 +162,23 @@ class PassManager:
             raise PassError("pass dependencies form a cycle")
         return [self.get(n) for n in names]
 
+    def check_names(self, wanted: Iterable[str], order: list | None = None) -> None:
+        """PassError for a name in ``wanted`` that is no pass of this pipeline (checked by
+        :func:`kernel_lens.compile` before the capture, so a typo costs no work)."""
+        names = [p.name for p in (order if order is not None else self.order())]
+        for name in sorted(set(wanted)):
+            if name not in names:
+                close = difflib.get_close_matches(name, names, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise PassError(f"no pass named {name!r}{hint}; passes: {names}")
+
     def run(self, ir: GraphIR, ctx: PassContext | None = None, *, stop_after: str | None = None,
             dump_after: Iterable[str] = (), dump: Callable[[str, GraphIR], None] | None = None,
             ) -> GraphIR:
         ctx = ctx or PassContext()
         dump_after = set(dump_after)
         order = self.order(ir.facts)
-        names = [p.name for p in order]
-        for name in dump_after | ({stop_after} if stop_after else set()):
-            if name not in names:
-                raise PassError(f"no pass named {name!r}; passes: {names}")
+        self.check_names(dump_after | ({stop_after} if stop_after else set()), order)
         self.timings = []
         if self.verify:
             self.verify(ir)
@@ -179,7 +188,9 @@ class PassManager:
                 raise PreconditionError(f"pass {p.name!r} requires {sorted(missing)}; the IR has "
                                         f"{sorted(ir.facts)}")
             start = time.perf_counter()
-            ir, modified = self._apply(p, ir, ctx)
+            with progress.stage(f"pass {p.name}") as shown:
+                ir, modified = self._apply(p, ir, ctx)
+                shown.note = "" if modified else "no change"
             seconds = time.perf_counter() - start
             if self.verify:
                 try:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol, Sequence
 
 from ..errors import KernelLensError
+from .. import progress
 from ..fileio import atomic_write, inside, subfolder
 from ..ir import GraphIR
 
@@ -94,7 +95,8 @@ class StagedTarget(Target):
         state: dict[str, Any] = {}
         for stage in self.stages:
             state["final"] = stage == stop
-            artifacts.update(getattr(self, f"stage_{stage}")(ir, out_dir, state))
+            with progress.stage(f"{self.name}: {stage}"):
+                artifacts.update(getattr(self, f"stage_{stage}")(ir, out_dir, state))
             if stage == stop:
                 break
         return artifacts

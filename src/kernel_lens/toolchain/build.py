@@ -34,6 +34,7 @@ import logging
 import os
 import platform
 import shlex
+import signal
 import shutil
 import stat
 import subprocess
@@ -140,6 +141,24 @@ def _trim(text: str, keep_path: Path | str) -> str:
                      [f"... [{len(lines) - MAX_STDERR_LINES} more lines in {keep_path}]"])
 
 
+def run_group(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run`` (output captured as text) in a process group of its own, all of which
+    is killed when this process stops waiting for any reason (Ctrl-C, an error): a compiler
+    driver's children (nvcc's cicc and ptxas, g++'s cc1plus) are not left running."""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True, **kwargs) as proc:
+        try:
+            out, err = proc.communicate()
+        except BaseException:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+            raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def build_shared_library(name: str, sources: dict[str, str], *, include_dirs: list[Path],
                          extra_flags: Sequence[str] = (), cache_dir: Path | None = None,
                          key_extra: str = "") -> Path:
@@ -205,8 +224,7 @@ def _compile(name: str, sources: Mapping[str, str], units: list[str], cxx: str, 
         isystem = [arg for d in includes if d not in _DEFAULT_INCLUDE_DIRS for arg in ("-isystem", str(d))]
         cmd = [cxx, *flags, *isystem, *units, "-o", str(tmp_out), *LINK_FLAGS]
         try:
-            proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True,
-                                  env={**os.environ, "LC_ALL": "C"})
+            proc = run_group(cmd, cwd=work, env={**os.environ, "LC_ALL": "C"})
         except OSError as exc:
             raise ToolchainError(f"cannot run the C++ compiler {cxx}: {exc}; set KERNEL_LENS_CXX "
                                  "to a working C++ compiler") from None

@@ -1,0 +1,101 @@
+"""``dynamic_shapes`` checked against the forward's signature and the example inputs before any
+work starts (a wrong key, a wrong length or an example outside its Dim's range would otherwise
+surface from torch.export after the capture, in torch's words).
+
+Checked: a dict's keys are the forward's parameter names; a tuple/list has one entry per example
+input; a tensor's spec names dims it has; each example size lies inside its ``Dim``'s
+``[min, max]``. What torch.export decides itself (Dim relations, derived Dims, hints such as
+``Dim.AUTO``) is left to it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+import torch
+
+from ..errors import InputError
+
+_FIX = "see torch.export's dynamic_shapes: {name: {dim index: Dim(...)}} or one entry per input"
+
+
+def _parameters(model: Callable) -> list[str] | None:
+    """The forward's parameter names (None when they cannot be read or it takes **kwargs)."""
+    fn = model.forward if isinstance(model, torch.nn.Module) else model
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return [p.name for p in params if p.kind is not p.VAR_POSITIONAL]
+
+
+def _is_dim(spec: Any) -> bool:
+    """A plain ``torch.export.Dim`` (a derived one, ``2 * n``, is torch.export's to check)."""
+    return type(spec) is torch.export.Dim
+
+
+def _check_tensor(name: str, tensor: torch.Tensor, spec: Any) -> None:
+    if spec is None:
+        return
+    if isinstance(spec, dict):
+        items = list(spec.items())
+    elif isinstance(spec, (tuple, list)):
+        if len(spec) != tensor.dim():
+            raise InputError(f"dynamic_shapes[{name!r}] has {len(spec)} entries but the example "
+                             f"input has {tensor.dim()} dims (shape {tuple(tensor.shape)}); give one "
+                             f"entry (None or a Dim) per dim, or a dict {{dim index: Dim}}")
+        items = list(enumerate(spec))
+    else:
+        return  # a hint (Dim.AUTO, ...) or something torch.export explains itself
+    for dim, dspec in items:
+        if not isinstance(dim, int) or not -tensor.dim() <= dim < tensor.dim():
+            raise InputError(f"dynamic_shapes[{name!r}] names dim {dim!r}, but the example input "
+                             f"has {tensor.dim()} dims (shape {tuple(tensor.shape)}); use a dim "
+                             f"index from 0 to {tensor.dim() - 1}")
+        if not _is_dim(dspec):
+            continue
+        size = int(tensor.shape[dim])
+        lo, hi = int(dspec.min), int(dspec.max)
+        if not lo <= size <= hi:
+            raise InputError(
+                f"example input {name!r} has size {size} along dim {dim}, outside its Dim "
+                f"{dspec.__name__!r} = [{lo}, {hi}]; use an example inside the range (the capture "
+                f"runs it), or declare the Dim as torch.export.Dim({dspec.__name__!r}, "
+                f"min={min(lo, size)}, max={max(hi, size)})")
+
+
+def check_dynamic_shapes(model: Callable, example_inputs: tuple, dynamic_shapes: Any) -> None:
+    """:class:`InputError` naming the culprit and the fix for a ``dynamic_shapes`` that cannot
+    fit ``model``'s forward and ``example_inputs``; None when nothing cheap is wrong."""
+    if dynamic_shapes is None:
+        return
+    names = _parameters(model)
+    if isinstance(dynamic_shapes, dict):
+        if names is not None:
+            unknown = [k for k in dynamic_shapes if k not in names]
+            if unknown:
+                raise InputError(f"dynamic_shapes names {unknown[0]!r}, which forward does not take; "
+                                 f"its parameters: {', '.join(names) or 'none'} ({_FIX})")
+            pairs = [(k, example_inputs[names.index(k)]) for k in dynamic_shapes
+                     if names.index(k) < len(example_inputs)]
+            specs = [dynamic_shapes[k] for k, _ in pairs]
+        else:
+            return
+    elif isinstance(dynamic_shapes, (tuple, list)):
+        if len(dynamic_shapes) != len(example_inputs):
+            raise InputError(f"dynamic_shapes has {len(dynamic_shapes)} entries but there are "
+                             f"{len(example_inputs)} example inputs; give one entry per input "
+                             f"(None for a static one), or a dict by parameter name")
+        labels = names if names is not None and len(names) >= len(example_inputs) \
+            else [f"input {i}" for i in range(len(example_inputs))]
+        pairs = list(zip(labels, example_inputs))
+        specs = list(dynamic_shapes)
+    else:
+        raise InputError(f"dynamic_shapes must be a dict by parameter name or a tuple with one "
+                         f"entry per input, got {type(dynamic_shapes).__name__} ({_FIX})")
+    for (name, tensor), spec in zip(pairs, specs):
+        if isinstance(tensor, torch.Tensor):
+            _check_tensor(name, tensor, spec)
