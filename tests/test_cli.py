@@ -222,3 +222,30 @@ def test_os_errors_are_one_line_with_the_fix(code, fix, tmp_path, monkeypatch, c
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("kernel_lens: error: ") and fix in err[0]
     assert "internal error" not in err[0] and str(tmp_path / "o") in err[0]
+
+
+def test_on_a_terminal_progress_is_a_spinner_and_a_line_per_finished_stage():
+    import io
+    import logging
+
+    from rich.console import Console
+
+    from kernel_lens import cli, progress
+
+    handler = cli._RichProgress()
+    buffer = io.StringIO()
+    handler.console = Console(file=buffer, force_terminal=True, width=100)
+    logger = logging.getLogger(progress.log.name)
+    logger.addHandler(handler)
+    old_level, logger.level = logger.level, logging.INFO
+    try:
+        with progress.stage("pass specialization"):
+            with progress.stage("aot k (sm_90, generic)") as inner:
+                inner.note = "reused from cache"
+    finally:
+        handler.close()
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    text = buffer.getvalue()
+    assert "✓" in text and "aot k (sm_90, generic): 0.00 s, reused from cache" in text
+    assert "pass specialization: " in text and not handler.running
