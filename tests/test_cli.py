@@ -249,3 +249,11 @@ def test_on_a_terminal_progress_is_a_spinner_and_a_line_per_finished_stage():
     text = buffer.getvalue()
     assert "✓" in text and "aot k (sm_90, generic): 0.00 s, reused from cache" in text
     assert "pass specialization: " in text and not handler.running
+
+
+def test_a_compiled_model_prints_in_one_short_line(toy_json):
+    from kernel_lens.compiler import CompiledModel
+
+    text = repr(CompiledModel(GraphIR.model_validate(toy_json)))
+    assert "\n" not in text and len(text) < 300
+    assert text.startswith("CompiledModel(ToyModel: 2 inputs, 1 outputs, 2 launches of ") and "sm_90" in text

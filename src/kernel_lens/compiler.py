@@ -57,6 +57,15 @@ class CompiledModel:
     def summary(self) -> str:
         return summarize(self.ir, self.timings)
 
+    def __repr__(self) -> str:  # one line (the dataclass's would print the whole IR: PTX, weights)
+        ir = self.ir
+        launches = sum(len(g.launches) for g in ir.graphs())
+        pieces = f", {len(ir.pieces)} size pieces" if ir.pieces else ""
+        where = f", folder={str(self.folder)!r}" if self.folder else ""
+        return (f"CompiledModel({ir.name}: {len(ir.inputs)} inputs, {len(ir.outputs)} outputs, "
+                f"{launches} launches of {len(ir.all_kernels())} kernels{pieces}, sm_{ir.arch}, "
+                f"targets={self.backends()}{where}; .summary() shows all)")
+
     def write(self, directory: str | Path, targets: Iterable[str] = (),
               stop_after: str | None = None) -> dict[str, Path]:
         """Write the IR, the summary and each target's artifacts into ``directory`` (each
