@@ -514,7 +514,8 @@ def test_triton_export_checks_every_tensors_external_data(where, tmp_path):
 
 def test_a_rebuild_that_fails_half_way_leaves_no_loadable_mix(toy_ir, tmp_path):
     """A rebuild into a folder that fails in its build (issue 30, item 1) must not leave the new
-    IR beside the old manifest and the old library: load() refuses the folder until a build ends."""
+    IR beside the old manifest and the old library: it builds in a staging folder (issue 27), so
+    the folder keeps the earlier build, whole and loadable, and no staging folder remains."""
     from kernel_lens.targets.base import Target
 
     class Flaky(Target):
@@ -535,11 +536,13 @@ def test_a_rebuild_that_fails_half_way_leaves_no_loadable_mix(toy_ir, tmp_path):
     out = tmp_path / "out"
     compiled.write(out, ["flaky_rebuild"])
     assert set(kl.load(out).artifacts) == {"ir", "summary", "flaky_rebuild.library"}
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
     Flaky.fail = True
     with pytest.raises(BuildError):
         CompiledModel(toy_ir).write(out, ["flaky_rebuild"])
-    with pytest.raises(ArtifactError, match="is not a kernel_lens output folder"):
-        kl.load(out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert set(kl.load(out).artifacts) == {"ir", "summary", "flaky_rebuild.library"}
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".kl-staging-")]
     Flaky.fail = False
     CompiledModel(toy_ir).write(out, ["flaky_rebuild"])
     assert kl.load(out).artifacts["flaky_rebuild.library"].read_bytes() == b"old"

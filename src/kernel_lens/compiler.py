@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from . import progress
 from .errors import ArtifactError, CacheError, InputError, IRError, KernelLensError, OutputPathError
-from .fileio import atomic_copy, atomic_write, check_folder, ensure_folder, inside, umask
+from .fileio import atomic_copy, atomic_write, check_folder, ensure_folder, inside, subfolder, umask
 from .frontends.aot import compile_binary
 from .frontends.lift import lift_with_outputs
 from .ir import GraphIR
@@ -71,30 +72,44 @@ class CompiledModel:
         """Write the IR, the summary and each target's artifacts into ``directory`` (each
         target's stages up to ``stop_after`` when given, e.g. ``"emit"``: the C++ sources).
 
+        Everything is built in a staging folder beside ``directory`` (inside it when its parent
+        cannot be written) and moved in only when complete, so an interrupted or failed build
+        leaves the folder as it was. The move removes the manifest first and writes it last;
+        files an earlier build listed that this one does not make are removed (no orphans).
         File names come from the IR's name, a validated identifier; every path is checked to lie
-        inside ``directory`` and written atomically (links at those names are replaced)."""
+        inside ``directory`` (links at those names are replaced)."""
         directory = ensure_folder(directory)
-        _retract_manifest(directory)
+        staging = _staging_folder(directory)
+        try:
+            made = self._write_into(staging, targets, stop_after)
+            with progress.stage("write"):
+                _move_in(staging, directory)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        here = directory.absolute()
+        self.artifacts.update({k: here / rel for k, rel in made.items()})
+        return dict(self.artifacts)
+
+    def _write_into(self, directory: Path, targets: Iterable[str],
+                    stop_after: str | None) -> dict[str, Path]:
+        """Every artifact written into the (empty) ``directory``: kind -> path relative to it."""
         stem = self.ir.name
-        ir_path = self.ir.save(inside(directory, f"{stem}.ir.json")).absolute()
-        summary_path = atomic_write(inside(directory, f"{stem}.summary.txt"), self.summary()).absolute()
-        self.artifacts.update({"ir": ir_path, "summary": summary_path})
+        made = {"ir": self.ir.save(inside(directory, f"{stem}.ir.json")),
+                "summary": atomic_write(inside(directory, f"{stem}.summary.txt"), self.summary())}
+        here = directory.absolute()
         for name in targets:
-            log.info("building target %s", name)
             for kind, path in get_target(name).build_until(self.ir, directory, stop_after).items():
                 path = Path(path)
                 if not path.is_absolute() and not path.is_relative_to(directory):
                     path = directory / path  # a bare name: relative to the output folder
                 path = path.absolute()
-                if not path.is_relative_to(directory.absolute()):
+                if not path.is_relative_to(here):
                     raise OutputPathError(f"target {name!r} returned artifact {kind!r} at {path}, "
-                                          f"outside the output folder {directory}")
-                self.artifacts[f"{name}.{kind}"] = inside(
-                    directory, path.relative_to(directory.absolute())).absolute()
-        here = directory.absolute()
-        _write_manifest(directory, stem, {k: v.relative_to(here) for k, v in self.artifacts.items()
-                                          if v.is_relative_to(here)})
-        return dict(self.artifacts)
+                                          f"outside the output folder")
+                made[f"{name}.{kind}"] = inside(directory, path.relative_to(here))
+        made = {k: Path(v).absolute().relative_to(here) for k, v in made.items()}
+        _write_manifest(directory, stem, made)
+        return made
 
     def backends(self) -> list[str]:
         """Targets whose artifacts this model has (each may have a runner)."""
@@ -177,6 +192,93 @@ class CompiledModel:
         _write_manifest(directory, self.ir.name, {k: Path(v.name) for k, v in saved.items()})
         return CompiledModel(self.ir, self.example_outputs, list(self.timings), saved, self.cuda_graph,
                              folder=directory.resolve())
+
+
+STAGING_PREFIX = ".kl-staging-"
+
+
+def _staging_folder(directory: Path) -> Path:
+    """A new private folder to build in, on ``directory``'s file system (so moving out of it is
+    a rename): beside ``directory``, else inside it. Staging folders that a killed compile left
+    (their process is gone) are removed first."""
+    for where in (directory.parent, directory):
+        _remove_stale_staging(where)
+        try:
+            folder = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=where))
+        except OSError:
+            continue
+        os.chmod(folder, 0o755 & ~umask())  # mkdtemp made it 0700
+        return folder
+    raise OutputPathError(f"cannot write into {directory} (nor beside it): check its permissions "
+                          f"or choose another output folder")
+
+
+def _remove_stale_staging(where: Path) -> None:
+    try:
+        entries = list(os.scandir(where))
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.name.startswith(STAGING_PREFIX) or not entry.is_dir(follow_symlinks=False):
+            continue
+        pid = entry.name[len(STAGING_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
+def _listed(directory: Path) -> set[Path]:
+    """The files the folder's current manifest lists (relative), or none when it has none or
+    it cannot be read: only paths inside the folder are returned."""
+    try:
+        root = directory.resolve()
+        data = json.loads(_read_inside(root, root / MANIFEST, "manifest", follow=False))
+        names = data["artifacts"].values()
+    except Exception:  # noqa: BLE001 - an unreadable manifest lists nothing to clean up
+        return set()
+    listed = set()
+    for name in names:
+        rel = Path(str(name))
+        if not rel.is_absolute() and ".." not in rel.parts and rel.parts:
+            listed.add(rel)
+    return listed
+
+
+def _move_in(staging: Path, directory: Path) -> None:
+    """Move a complete build from ``staging`` into ``directory``: the old manifest first out,
+    each file in by rename, the files only the old manifest listed removed, the manifest last."""
+    old = _listed(directory)
+    made = {Path(top, name).relative_to(staging) for top, _, files in os.walk(staging)
+            for name in files} - {Path(MANIFEST)}
+    _retract_manifest(directory)
+    for rel in sorted(made):
+        target = inside(directory, rel) if len(rel.parts) == 1 else \
+            subfolder(directory, rel.parent) / rel.name
+        os.replace(staging / rel, target)
+    for rel in sorted(old - made):
+        try:
+            path = inside(directory, rel)
+            if path.is_file() or path.is_symlink():
+                path.unlink()
+        except (OSError, OutputPathError):
+            continue
+        parent = path.parent  # folders the old build made (src/ of --stop-after emit) go if empty
+        while parent != directory and parent.is_relative_to(directory):
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+            parent = parent.parent
+    os.replace(staging / MANIFEST, inside(directory, MANIFEST))
 
 
 def _retract_manifest(directory: Path) -> None:

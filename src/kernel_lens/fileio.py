@@ -104,7 +104,23 @@ def check_folder(folder: str | Path) -> Path:
     if exists and not folder.is_dir():
         raise OutputPathError(f"output path {folder} exists and is not a folder; pass -o with a "
                               f"folder name (it is created if missing)")
+    _check_writable(folder)
     return folder
+
+
+def _check_writable(folder: Path) -> None:
+    """The folder, or the nearest part of its path that exists, can be written into (so the
+    compile can create and fill it): checked before any work, not after the capture."""
+    existing = folder.absolute()
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise OutputPathError(f"output folder {folder} cannot be created: {existing} is not a "
+                              f"folder; pass -o with another folder name")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = "is" if existing == folder.absolute() else f"would be created in {existing}, which is"
+        raise OutputPathError(f"output folder {folder} {what} not writable by you; pass -o with "
+                              f"a folder you can write")
 
 
 def ensure_folder(folder: str | Path) -> Path:
