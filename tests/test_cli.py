@@ -166,7 +166,7 @@ def test_compile_reports_each_stage_with_its_time_the_cache_and_the_next_step(tm
                   "pass specialization"):
         assert any(line.startswith(f"kernel_lens: {stage}") and " s" in line for line in first), stage
     assert "aot add_kernel (sm_90, specialized): " in again and "reused from cache" in again
-    assert first[-2].startswith("kernel_lens: next: run it with kernel_lens.load(")
+    assert first[-2].startswith("kernel_lens: next: check it with kernel_lens verify ")
     assert first[-1].startswith("kernel_lens: done in ")
 
 

@@ -159,6 +159,23 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("doctor", help="report the environment (versions, GPUs, compilers, headers) "
                                   "for a bug report; exit status 0 when the ort target can be built")
 
+    check = sub.add_parser(
+        "verify", help="run the compiled model against the model run eagerly at the example and "
+                       "at sizes from the declared ranges (on a GPU: values and timings)",
+        description="Compare the compiled model with the eager forward at the example sizes and at "
+                    "each dynamic size's minimum, an odd size inside and its maximum (capped): per "
+                    "output max abs/rel difference and bit-exactness, and timings, on a CUDA GPU; "
+                    "on a host without one, the call signature (input checks, size piece, output "
+                    "shapes and dtypes) against the eager run through Triton's interpreter, and "
+                    "what could not be checked. Exit status 0 when every size set passes.")
+    check.add_argument("file", help="the model file")
+    check.add_argument("artifacts", nargs="?", default=None,
+                       help="a compiled folder (default: compile the file now, into the cache)")
+    check.add_argument("--max-size", type=int, default=4096, metavar="N",
+                       help="cap on the sizes drawn from the declared ranges (default 4096)")
+    check.add_argument("--rtol", type=float, default=None, help="accept outputs within this relative difference")
+    check.add_argument("--atol", type=float, default=None, help="accept outputs within this absolute difference")
+
     triton = sub.add_parser(
         "export-triton", help="export a compiled folder as a model of a Triton Inference Server "
                               "model repository (REPO/NAME/config.pbtxt, REPO/NAME/1/...)",
@@ -288,7 +305,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print(f"{kind}: {path}")
     if args.dump_after:
         print(f"dumps: {out / 'dumps'}")
-    progress.log.info("next: run it with kernel_lens.load(%r).run(...)%s", str(out),
+    progress.log.info("next: check it with kernel_lens verify %s %s; run it with "
+                      "kernel_lens.load(%r).run(...)%s", args.file, out, str(out),
                       f"; serve it with kernel_lens export-triton {out} -o REPO" if "ort" in args.target
                       else "; build a runtime with --target ort (see kernel_lens targets)"
                       if not args.target else "")
@@ -305,6 +323,17 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     text, status = report()
     print(text)
     return status
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from .verify import verify_file  # lazy: torch, the compiler
+
+    tolerance = None
+    if args.rtol is not None or args.atol is not None:
+        tolerance = (args.rtol or 0.0, args.atol or 0.0)
+    report = verify_file(args.file, args.artifacts, cap=args.max_size, tolerance=tolerance)
+    print(report.text())
+    return 0 if report.ok else 1
 
 
 def cmd_export_triton(args: argparse.Namespace) -> int:
@@ -331,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.debug:  # kernel_lens's own debug records, e.g. what torch.export printed
         logging.getLogger("kernel_lens").setLevel(logging.DEBUG)
     shown = None
-    if args.command in ("compile", "dump-ir") and not args.quiet:  # stages, from the first second
+    if args.command in ("compile", "dump-ir", "verify") and not args.quiet:  # stages, from the first second
         shown = _progress_handler()
     start = time.perf_counter()
     try:
@@ -426,7 +455,7 @@ class _RichProgress(logging.Handler):
 def _dispatch(args: argparse.Namespace) -> int:
     handlers = {"dump-ir": cmd_dump_ir, "passes": cmd_passes, "compile": cmd_compile,
                 "targets": cmd_targets, "fetch-headers": cmd_fetch_headers, "doctor": cmd_doctor,
-                "export-triton": cmd_export_triton}
+                "export-triton": cmd_export_triton, "verify": cmd_verify}
     try:
         return handlers[args.command](args)
     except KernelLensError as exc:

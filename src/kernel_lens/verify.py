@@ -1,0 +1,244 @@
+"""``kernel_lens verify``: the compiled model against the model run eagerly, at the example and at
+sizes drawn from the declared ranges (each dynamic size at its minimum, an odd size inside, and
+its maximum, capped), as Polygraphy does for TensorRT.
+
+On a CUDA GPU, per size set and output: max abs and max rel difference, bit-exactness, and the
+median time of eager and of the compiled model side by side. On a host without one the plugins
+cannot run (they launch Triton's cubins): the check is then what can be done there, and the report
+says what was not: the call signature is evaluated at every size set (input checks, the size
+piece chosen, each output's shape and dtype) against the eager run through Triton's interpreter.
+Not done: per-launch comparison (only the model's outputs are compared).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .compiler import CompiledModel, compile, load
+from .errors import InputError, KernelLensError
+from .frontends.capture import capture
+from .frontends.size_pieces import resized_inputs
+from .ir import GraphIR
+from .model_file import load_model_file
+from .runtime.signature import CallSignature, torch_dtype
+
+MAX_SIZE = 4096  # the largest size verify runs by default (a declared max of 2**20 is capped)
+
+
+@dataclass
+class OutputCheck:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    max_abs: float | None = None  # None: values not compared (no GPU)
+    max_rel: float | None = None
+    exact: bool | None = None
+    problem: str = ""
+
+
+@dataclass
+class SizeCheck:
+    sizes: dict[str, int]
+    piece: int | None = None
+    outputs: list[OutputCheck] = field(default_factory=list)
+    eager_ms: float | None = None
+    compiled_ms: float | None = None
+    problem: str = ""  # the size set could not be checked, or the compiled model failed it
+    skipped: bool = False  # eager itself refuses these sizes: nothing to compare against
+
+    @property
+    def ok(self) -> bool:
+        return self.skipped or (not self.problem and not any(o.problem for o in self.outputs))
+
+
+@dataclass
+class Report:
+    model: str
+    device: str
+    sets: list[SizeCheck]
+    not_checked: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return all(s.ok for s in self.sets)
+
+    def text(self) -> str:
+        lines = [f"verify {self.model} on {self.device}:"]
+        for s in self.sets:
+            sizes = ", ".join(f"{k}={v}" for k, v in s.sizes.items()) or "static"
+            piece = f" (piece {s.piece})" if s.piece is not None else ""
+            times = (f"  eager {s.eager_ms:.3f} ms, compiled {s.compiled_ms:.3f} ms"
+                     if s.eager_ms is not None and s.compiled_ms is not None else "")
+            status = "skip" if s.skipped else "ok" if s.ok else "FAIL"
+            lines.append(f"  [{status}] {sizes}{piece}{times}")
+            if s.problem:
+                lines.append(f"      {s.problem}")
+            for o in s.outputs:
+                values = ("values not compared" if o.max_abs is None else
+                          f"max abs {o.max_abs:.3g}, max rel {o.max_rel:.3g}, "
+                          f"{'bit-exact' if o.exact else 'not bit-exact'}")
+                lines.append(f"      {o.name} {list(o.shape)} {o.dtype}: {values}"
+                             + (f"  -- {o.problem}" if o.problem else ""))
+        for note in self.not_checked:
+            lines.append(f"  not checked: {note}")
+        lines.append("result: " + ("ok" if self.ok else "FAILED"))
+        return "\n".join(lines)
+
+
+def size_sets(ir: GraphIR, cap: int = MAX_SIZE) -> list[dict[str, int]]:
+    """The example's sizes, then every size at its minimum, at an odd size inside its range and
+    at its maximum (capped at ``cap``); duplicates dropped."""
+    example = {s: info.example for s, info in ir.symbols.items()}
+    sets = [example]
+    for pick in ("min", "odd", "max"):
+        point = {}
+        for s, info in ir.symbols.items():
+            hi = min(info.max if info.max is not None else cap, max(cap, info.min))
+            value = {"min": info.min, "max": hi, "odd": (info.min + hi) // 2 | 1}[pick]
+            point[s] = max(info.min, min(value, hi))
+        if point not in sets:
+            sets.append(point)
+    return sets
+
+
+def _inputs_at(ir: GraphIR, example: tuple, spec: Any, names: list[str], sizes: dict[str, int]) -> tuple:
+    point = {}
+    for s, value in sizes.items():
+        info = ir.symbols[s]
+        point[(info.input, info.dim)] = info.scale * value + info.offset
+    return resized_inputs(example, spec, names, point)
+
+
+def _flat(x: Any) -> list:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for item in x for t in _flat(item)]
+    if isinstance(x, dict):
+        return [t for item in x.values() for t in _flat(item)]
+    return []
+
+
+def _median_ms(fn, repeats: int) -> float:
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def _compare(name: str, got: torch.Tensor, want: torch.Tensor) -> OutputCheck:
+    check = OutputCheck(name, tuple(got.shape), str(got.dtype).replace("torch.", ""))
+    if got.shape != want.shape or got.dtype != want.dtype:
+        check.problem = f"eager gives {list(want.shape)} {want.dtype}"
+        return check
+    g, w = got.detach().double().cpu(), want.detach().double().cpu()
+    diff = (g - w).abs().nan_to_num(nan=float("inf")) if g.numel() else torch.zeros(1)
+    check.max_abs = float(diff.max()) if diff.numel() else 0.0
+    check.max_rel = float((diff / w.abs().clamp_min(1e-12)).max()) if diff.numel() else 0.0
+    check.exact = bool(torch.equal(got.contiguous().view(-1).view(torch.uint8),
+                                   want.contiguous().view(-1).view(torch.uint8))) if got.numel() else True
+    return check
+
+
+def verify(model: Any, example_inputs: tuple, dynamic_shapes: Any, compiled: CompiledModel,
+           input_names: list[str], *, cap: int = MAX_SIZE, repeats: int = 10,
+           tolerance: tuple[float, float] | None = None) -> Report:
+    """Check ``compiled`` against ``model`` at :func:`size_sets` (see the module docstring).
+    ``tolerance`` (rtol, atol): outputs not bit-exact pass when within it; None: bit-exact only."""
+    ir = compiled.ir
+    gpu = torch.cuda.is_available()
+    device = torch.cuda.get_device_name() if gpu else "CPU (no CUDA GPU)"
+    signature = CallSignature(ir, device_type="cuda" if gpu else "cpu")
+    sets = []
+    not_checked = ["per-launch results (only the model's outputs are compared)"]
+    if not gpu:
+        not_checked.insert(0, "output values and timings: the plugins launch Triton's cubins and "
+                              "need a CUDA GPU; run verify on one")
+    eager_model = copy.deepcopy(model).cuda() if gpu and isinstance(model, torch.nn.Module) else model
+    for sizes in size_sets(ir, cap):
+        check = SizeCheck(sizes)
+        sets.append(check)
+        try:
+            inputs = _inputs_at(ir, example_inputs, dynamic_shapes, input_names, sizes)
+        except Exception as exc:  # noqa: BLE001 - reported, not raised: the other sets still run
+            check.problem = f"inputs of these sizes could not be made: {exc}"
+            continue
+        if gpu:
+            inputs = tuple(t.cuda() if isinstance(t, torch.Tensor) else t for t in inputs)
+        try:
+            values = signature.symbol_values([t for t in _flat(inputs)])
+            check.piece = getattr(values, "piece", None)
+            shapes = signature.output_shapes(values)
+        except InputError as exc:
+            check.problem = f"the compiled model refuses these sizes: {exc}"
+            continue
+        try:
+            with torch.no_grad():
+                if gpu:
+                    want = _flat(eager_model(*[t.clone() for t in inputs]))
+                else:  # Triton's interpreter runs the kernels on the CPU
+                    want = _flat(capture(model, tuple(t.clone() for t in inputs), ir.arch).outputs)
+        except Exception as exc:  # noqa: BLE001
+            check.problem = (f"skipped: the model run eagerly refuses these sizes "
+                             f"({type(exc).__name__}: {str(exc)[:200]}); narrow the declared range?")
+            check.skipped = True
+            continue
+        if not gpu:
+            for spec, shape, w in zip(signature.outputs, shapes, want):
+                out = OutputCheck(spec.name, tuple(shape), str(spec.dtype).replace("torch.", ""))
+                if tuple(w.shape) != tuple(shape) or w.dtype != spec.dtype:
+                    out.problem = f"eager gives {list(w.shape)} {w.dtype}"
+                check.outputs.append(out)
+            continue
+        try:
+            got = _flat(compiled.run(*[t.clone() for t in inputs]))
+        except KernelLensError as exc:
+            check.problem = f"the compiled model failed: {exc}"
+            continue
+        for spec, g, w in zip(signature.outputs, got, want):
+            out = _compare(spec.name, g, w)
+            if out.max_abs is not None and not out.exact and not out.problem:
+                rtol, atol = tolerance or (0.0, 0.0)
+                if not torch.allclose(g.double().cpu(), w.double().cpu(), rtol=rtol, atol=atol,
+                                      equal_nan=True):
+                    out.problem = (f"not within the tolerance rtol={rtol}, atol={atol}" if tolerance
+                                   else "not bit-exact (give --rtol/--atol to accept a difference)")
+            check.outputs.append(out)
+        copies = [tuple(t.clone() for t in inputs) for _ in range(2)]
+        check.eager_ms = _median_ms(lambda: eager_model(*copies[0]), repeats)
+        check.compiled_ms = _median_ms(lambda: compiled.run(*copies[1]), repeats)
+    return Report(ir.name, device, sets, not_checked)
+
+
+def verify_file(path: str, artifacts: str | None = None, *, cap: int = MAX_SIZE,
+                tolerance: tuple[float, float] | None = None) -> Report:
+    """:func:`verify` for a model file and a compiled folder (``None``: compile it now, for the
+    ORT target on a GPU host, the IR alone on a CPU host)."""
+    mf = load_model_file(path)
+    model = mf.model
+    fn = model.forward if isinstance(model, torch.nn.Module) else model
+    names = [p for p in inspect.signature(fn).parameters][:len(mf.example_inputs)]
+    if artifacts is not None:
+        compiled = load(artifacts)
+    else:
+        compiled = compile(model, mf.example_inputs, dynamic_shapes=mf.dynamic_shapes,
+                           roles=mf.roles, autotune=mf.autotune,
+                           targets=["ort"] if torch.cuda.is_available() else [])
+    for name, t in zip(compiled.ir.inputs, mf.example_inputs):
+        if isinstance(t, torch.Tensor) and t.dtype != torch_dtype(compiled.ir.values[name].dtype):
+            raise InputError(f"{path}'s example input {name!r} is {t.dtype}, but the artifacts "
+                             f"were compiled for {compiled.ir.values[name].dtype}: not this model's")
+    return verify(model, mf.example_inputs, mf.dynamic_shapes, compiled, names, cap=cap,
+                  tolerance=tolerance)

@@ -1,0 +1,49 @@
+"""``kernel_lens verify`` on a host without a GPU (issue 27 item 4): the size sets drawn from the
+declared ranges, the call signature against the eager run through Triton's interpreter, a
+mismatch reported as a failure, and what could not be checked said in the report. (On a GPU the
+same code also compares values and times both; that path has not been run yet.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kernel_lens.verify import size_sets, verify
+
+from conftest import CORPUS, EXAMPLES, load_module, model_ir
+from kernel_lens.compiler import CompiledModel
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-host report")
+
+
+def test_size_sets_are_the_example_then_each_size_at_its_edges_and_an_odd_size():
+    ir = model_ir(CORPUS / "size_branches.py")
+    sets = size_sets(ir, cap=4096)
+    assert sets[0] == {s: info.example for s, info in ir.symbols.items()}
+    lows, odds, highs = sets[1], sets[2], sets[3]
+    for s, info in ir.symbols.items():
+        assert lows[s] == info.min and highs[s] == min(info.max, 4096)
+        assert odds[s] % 2 == 1 and info.min < odds[s] < highs[s]
+
+
+def test_the_cli_reports_every_size_set_and_what_it_could_not_check():
+    proc = subprocess.run([sys.executable, "-m", "kernel_lens.cli", "-q", "verify",
+                           str(CORPUS / "size_branches.py")], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.count("[ok] ") == 4 and "(piece 0)" in out and "rows=2, n=2" in out
+    assert "not checked: output values and timings" in out and out.rstrip().endswith("result: ok")
+
+
+def test_a_compiled_model_that_does_not_fit_the_eager_one_fails():
+    module = load_module(EXAMPLES / "toy_two_kernels.py")
+    compiled = CompiledModel(model_ir(EXAMPLES / "toy_two_kernels.py"))
+
+    def shorter(x, y):  # the same kernels, one output element fewer
+        return module.model(x, y)[:-1]
+    report = verify(shorter, module.example_inputs, module.dynamic_shapes, compiled, ["x", "y"])
+    assert not report.ok and "result: FAILED" in report.text()
+    assert all(o.problem.startswith("eager gives [") for s in report.sets for o in s.outputs)
