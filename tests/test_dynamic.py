@@ -89,3 +89,34 @@ def test_a_pass_name_typo_is_refused_before_the_capture(monkeypatch):
     module = load_module(EXAMPLES / "toy_two_kernels.py")
     with pytest.raises(PassError, match=r"no pass named 'role-inferense' \(did you mean 'role-inference'\?\)"):
         kl.compile(module.model, module.example_inputs, dump_after=["role-inferense"])
+
+
+MASK_MODEL = '''import torch, triton, triton.language as tl
+
+@triton.jit
+def copy_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+class M(torch.nn.Module):
+    def forward(self, x):
+        sel = x[x > 0]
+        out = torch.empty_like(sel)
+        copy_kernel[(triton.cdiv(sel.numel(), 64),)](sel, out, sel.numel(), BLOCK=64)
+        return out
+
+model = M()
+example_inputs = (torch.randn(100),)
+dynamic_shapes = {"x": {0: torch.export.Dim("n", min=2, max=4096)}}
+'''
+
+
+def test_a_data_dependent_size_names_the_user_s_line(tmp_path):
+    from kernel_lens.errors import TraceError
+    from kernel_lens.model_file import load_model_file
+
+    path = tmp_path / "mask_grid.py"
+    path.write_text(MASK_MODEL)
+    mf = load_model_file(path)
+    with pytest.raises(TraceError, match=r"data-dependent.*\(in the model at .*mask_grid\.py:10: sel = x\[x > 0\]\)"):
+        kl.compile(mf.model, mf.example_inputs, dynamic_shapes=mf.dynamic_shapes)

@@ -290,6 +290,21 @@ def _storage_id(t: torch.Tensor) -> int | None:
         return None
 
 
+_LIBRARY_PARTS = ("/torch/", "/triton/", "/kernel_lens/", "<frozen ", "/site-packages/")
+
+
+def user_line(node: torch.fx.Node) -> str | None:
+    """Where the user's code made ``node``: the last frame of its stack trace outside torch,
+    Triton, kernel_lens and installed packages, as ``file:line: code`` (None when unknown)."""
+    trace = node.meta.get("stack_trace") or ""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in [^\n]*(?:\n +(\S[^\n]*))?', trace)
+    mine = [f for f in frames if not any(part in f[0] for part in _LIBRARY_PARTS)]
+    if not mine:
+        return None
+    path, line, code = mine[-1]
+    return f"{path}:{line}" + (f": {code.strip()[:120]}" if code else "")
+
+
 def _returns_dtype(target: Any) -> bool:
     """An ATen op whose one result is a ScalarType (``result_type``, ``promote_types``)."""
     schema = getattr(target, "_schema", None)
@@ -376,7 +391,13 @@ class _GraphBuilder:
         order = 0
         for node in self.program.graph.nodes:
             if node.op == "call_function":
-                order = self._node(node, order)
+                try:
+                    order = self._node(node, order)
+                except (TraceError, UnsupportedKernelError) as exc:
+                    where = user_line(node)
+                    if where is None or type(exc) not in (TraceError, UnsupportedKernelError):
+                        raise
+                    raise type(exc)(f"{exc} (in the model at {where})") from exc
         out_node = next(n for n in self.program.graph.nodes if n.op == "output")
         outputs = []
         for o in out_node.args[0]:
