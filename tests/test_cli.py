@@ -257,3 +257,13 @@ def test_a_compiled_model_prints_in_one_short_line(toy_json):
     text = repr(CompiledModel(GraphIR.model_validate(toy_json)))
     assert "\n" not in text and len(text) < 300
     assert text.startswith("CompiledModel(ToyModel: 2 inputs, 1 outputs, 2 launches of ") and "sm_90" in text
+
+
+def test_missing_headers_are_reported_before_the_capture(tmp_path):
+    import os
+
+    env = {**os.environ, "ORT_INCLUDE_DIR": str(tmp_path / "nowhere")}
+    proc = subprocess.run([sys.executable, "-m", "kernel_lens.cli", "compile", TOY, "--target", "ort",
+                           "-o", str(tmp_path / "out")], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 2
+    assert "error: ToolchainError: ORT_INCLUDE_DIR=" in proc.stderr and "capture" not in proc.stderr

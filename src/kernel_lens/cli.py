@@ -298,10 +298,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
             target = get_target(name)
             if args.stop_after not in target.stages:
                 raise target.no_stage(args.stop_after)
-    compiled = _compile(args, dump_after=args.dump_after,
+    compiled = _compile(args, targets=args.target, output_dir=out, stop_after=args.stop_after,
+                        dump_after=args.dump_after,
                         dump=dump_to_dir(out / "dumps") if args.dump_after else None)
-    paths = compiled.write(out, args.target, stop_after=args.stop_after)
-    for kind, path in paths.items():
+    for kind, path in compiled.artifacts.items():
         print(f"{kind}: {path}")
     if args.dump_after:
         print(f"dumps: {out / 'dumps'}")

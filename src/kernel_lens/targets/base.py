@@ -45,6 +45,11 @@ class Target(ABC):
     def build(self, ir: GraphIR, out_dir: Path) -> dict[str, Path]:
         """Write this target's artifacts for ``ir`` into ``out_dir``; return them by kind."""
 
+    def preflight(self, stop_after: str | None = None) -> None:
+        """Check, before any work, what building up to ``stop_after`` needs from the environment
+        (headers, compilers), raising the error that names what is missing and how to get it.
+        The default checks nothing."""
+
     def build_until(self, ir: GraphIR, out_dir: Path, stop_after: str | None = None) -> dict[str, Path]:
         """:meth:`build`, or only its stages up to ``stop_after`` (their outputs written)."""
         if stop_after is None or stop_after == self.stages[-1]:

@@ -47,6 +47,10 @@ class OrtTarget(StagedTarget):
     aliases = ("onnxruntime",)
     description = "ONNX Runtime (CUDA EP): ONNX graph + OrtCustomOp library"
 
+    def preflight(self, stop_after: str | None = None) -> None:
+        if stop_after != "lower":  # emit reads the ORT API version from the headers
+            find_ort_include()
+
     def stage_lower(self, ir: GraphIR, out_dir: Path, state: dict) -> dict[str, Path]:
         ensure_folder(out_dir)
         model_path = inside(out_dir, f"{ir.name}.onnx")

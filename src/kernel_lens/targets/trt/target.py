@@ -125,6 +125,12 @@ class _TrtTarget(StagedTarget):
             raise KernelLensError(f"TensorRT {version} headers: kernel_lens's TensorRT plugins need "
                                   f"TensorRT 10 or newer (IPluginV3); set TENSORRT_INCLUDE_DIR")
 
+    def preflight(self, stop_after: str | None = None) -> None:
+        if stop_after != "lower":  # emit reads the TensorRT version; build needs the CUDA headers too
+            self.check_version(tensorrt_version(find_tensorrt_include()))
+        if stop_after in (None, "build"):
+            find_cuda_include()
+
     def stage_lower(self, ir: GraphIR, out_dir: Path, state: dict) -> dict[str, Path]:
         ensure_folder(out_dir)
         path = inside(out_dir, f"{ir.name}.trt.onnx")
