@@ -43,7 +43,7 @@ SECTIONS = ("kernel_lens", "python", "torch", "triton", "onnxruntime", "tensorrt
             "targets")
 
 ENV_VARS = ("ORT_INCLUDE_DIR", "TENSORRT_INCLUDE_DIR", "CUDA_INCLUDE_DIR", "KERNEL_LENS_HEADERS",
-            "KERNEL_LENS_CACHE", "KERNEL_LENS_CXX", "CXX", "KERNEL_LENS_NVCC", "KERNEL_LENS_CCBIN",
+            "KERNEL_LENS_CACHE", "KERNEL_LENS_CXX", "CXX", "KERNEL_LENS_NVCC",
             "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH")
 TRT_TARGETS = ("trt-v2", "trt-v3")
 _TIMEOUT_S = 60

@@ -139,12 +139,6 @@ def stub_python(work: Path) -> Path:
     return env / "bin"
 
 
-def free_port() -> int:
-    """A port the OS picks on 127.0.0.1. It is free only now: another process may take it before
-    the server binds it, which :meth:`TritonServer.wait_live` detects (the port is not the child's)."""
-    return free_ports(1)[0]
-
-
 def free_ports(count: int) -> list[int]:
     """``count`` distinct ports the OS picks (held open together, so never the same one twice)."""
     sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]

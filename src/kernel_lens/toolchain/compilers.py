@@ -7,7 +7,6 @@ Variables, each checked first and an error when set to something that is not an 
 
 - ``KERNEL_LENS_CXX``, then ``CXX``: the C++ compiler (else ``g++``, ``c++``, ``clang++`` on PATH);
 - ``KERNEL_LENS_NVCC``: nvcc (else ``$CUDA_HOME/bin/nvcc``, ``nvcc`` on PATH, /usr/local/cuda/bin/nvcc);
-- ``KERNEL_LENS_CCBIN``: the host compiler nvcc uses (``-ccbin``; else the C++ compiler above).
 """
 
 from __future__ import annotations
@@ -67,11 +66,6 @@ def find_nvcc() -> str | None:
         if found:
             return os.path.abspath(found)
     return None
-
-
-def find_ccbin() -> str:
-    """Host compiler for nvcc (its ``-ccbin``): $KERNEL_LENS_CCBIN, else :func:`find_cxx`."""
-    return _from_env("KERNEL_LENS_CCBIN", "host compiler for nvcc") or find_cxx()
 
 
 def toolchain_id(cxx: str) -> str:
