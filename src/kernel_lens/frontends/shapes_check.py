@@ -20,8 +20,10 @@ from ..errors import InputError
 _FIX = "see torch.export's dynamic_shapes: {name: {dim index: Dim(...)}} or one entry per input"
 
 
-def _parameters(model: Callable) -> list[str] | None:
-    """The forward's parameter names (None when they cannot be read or it takes **kwargs)."""
+def _parameters(model: Callable) -> tuple[list[str], int] | None:
+    """The forward's parameter names (``*args`` included: dynamic_shapes may name it) and how
+    many of them take one example input each (those before ``*args``); None when they cannot be
+    read or it takes ``**kwargs``."""
     fn = model.forward if isinstance(model, torch.nn.Module) else model
     try:
         params = list(inspect.signature(fn).parameters.values())
@@ -29,7 +31,8 @@ def _parameters(model: Callable) -> list[str] | None:
         return None
     if any(p.kind is p.VAR_KEYWORD for p in params):
         return None
-    return [p.name for p in params if p.kind is not p.VAR_POSITIONAL]
+    single = next((i for i, p in enumerate(params) if p.kind is p.VAR_POSITIONAL), len(params))
+    return [p.name for p in params], single
 
 
 def _is_dim(spec: Any) -> bool:
@@ -58,13 +61,13 @@ def _check_tensor(name: str, tensor: torch.Tensor, spec: Any) -> None:
         if not _is_dim(dspec):
             continue
         size = int(tensor.shape[dim])
-        lo, hi = int(dspec.min), int(dspec.max)
+        lo, hi = dspec.min, dspec.max  # hi may be torch's int_oo (unbounded)
         if not lo <= size <= hi:
             raise InputError(
                 f"example input {name!r} has size {size} along dim {dim}, outside its Dim "
                 f"{dspec.__name__!r} = [{lo}, {hi}]; use an example inside the range (the capture "
                 f"runs it), or declare the Dim as torch.export.Dim({dspec.__name__!r}, "
-                f"min={min(lo, size)}, max={max(hi, size)})")
+                f"min={min(lo, size)}, max={size if size > hi else hi})")
 
 
 def check_dynamic_shapes(model: Callable, example_inputs: tuple, dynamic_shapes: Any) -> None:
@@ -72,19 +75,21 @@ def check_dynamic_shapes(model: Callable, example_inputs: tuple, dynamic_shapes:
     fit ``model``'s forward and ``example_inputs``; None when nothing cheap is wrong."""
     if dynamic_shapes is None:
         return
-    names = _parameters(model)
+    found = _parameters(model)
+    names, single = found if found is not None else (None, 0)
     if isinstance(dynamic_shapes, dict):
-        if names is not None:
-            unknown = [k for k in dynamic_shapes if k not in names]
-            if unknown:
-                raise InputError(f"dynamic_shapes names {unknown[0]!r}, which forward does not take; "
-                                 f"its parameters: {', '.join(names) or 'none'} ({_FIX})")
-            pairs = [(k, example_inputs[names.index(k)]) for k in dynamic_shapes
-                     if names.index(k) < len(example_inputs)]
-            specs = [dynamic_shapes[k] for k, _ in pairs]
-        else:
+        if names is None:
             return
+        unknown = [k for k in dynamic_shapes if k not in names]
+        if unknown:
+            raise InputError(f"dynamic_shapes names {unknown[0]!r}, which forward does not take; "
+                             f"its parameters: {', '.join(names) or 'none'} ({_FIX})")
+        pairs = [(k, example_inputs[names.index(k)]) for k in dynamic_shapes
+                 if names.index(k) < min(single, len(example_inputs))]
+        specs = [dynamic_shapes[k] for k, _ in pairs]
     elif isinstance(dynamic_shapes, (tuple, list)):
+        if names is not None and single < len(names):
+            return  # *args: torch.export matches the entries to it
         if len(dynamic_shapes) != len(example_inputs):
             raise InputError(f"dynamic_shapes has {len(dynamic_shapes)} entries but there are "
                              f"{len(example_inputs)} example inputs; give one entry per input "
