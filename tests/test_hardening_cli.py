@@ -253,6 +253,8 @@ def test_torch_export_failure_is_one_line_and_the_details_come_with_debug(tmp_pa
                      "model = M()\n")
     line = one_line_error(*run("dump-ir", str(model))[::2], "TraceError")
     assert "depends on tensor values" in line or "tensor values" in line, line
+    assert "Could not guard on data-dependent expression" in line  # torch's reason, condensed
+    assert f"(in the model at {model}:7: return out * 2 if out.sum() > 0 else out)" in line  # where
     assert "--debug" in line
     status, _, err = run("--debug", "dump-ir", str(model))
     assert status == 2 and "Traceback" in err and "GuardOnDataDependent" in err, err

@@ -14,7 +14,9 @@ import contextlib
 import io
 import itertools
 import logging
+import os
 import re
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, List
 
@@ -384,6 +386,26 @@ def _recording_violations(orig: Callable) -> Callable:
     return produce_guards_verbose
 
 
+@contextlib.contextmanager
+def _kept_logs(chatter: io.StringIO):
+    """torch's symbolic-shapes warnings while exporting ("Unable to find user code ...") go to
+    ``chatter`` with what it prints (logged at debug level), unless the user asked for torch's
+    logs (TORCH_LOGS): the error kernel_lens raises says what failed and where."""
+    logger = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+
+    def keep(record: logging.LogRecord) -> bool:
+        chatter.write(f"{record.levelname} {record.name}: {record.getMessage()}\n")
+        return False
+    if os.environ.get("TORCH_LOGS"):
+        yield
+        return
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
+
+
 def _export(module: torch.nn.Module, example_inputs: tuple, dynamic_shapes: Any,
             captured: list[CapturedLaunch], deferred: bool):
     tracer = _Tracer(captured)
@@ -392,7 +414,7 @@ def _export(module: torch.nn.Module, example_inputs: tuple, dynamic_shapes: Any,
     _violations.clear()
     env = symbolic_shapes.ShapeEnv
     try:
-        with _tracing(tracer), contextlib.redirect_stderr(chatter), \
+        with _tracing(tracer), contextlib.redirect_stderr(chatter), _kept_logs(chatter), \
                 _patched(env, "produce_guards_verbose", _recording_violations(env.produce_guards_verbose)):
             program = torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic_shapes,
                                           strict=False,
@@ -571,4 +593,26 @@ def _explain(exc: BaseException) -> str:
     # is torch's advice on its own debug flags (shown with --debug).
     where = [ln for ln in lines if ln.startswith("Caused by:") or ln.startswith("User Stack")][:1]
     detail = "\n".join((lines[:1] if where else lines[:8]) + where)
-    return f"{hint}.\n{name}: {detail}"
+    reason = re.split(r"\s+\((?:unhinted|Size-like symbols):", lines[0])[0].rstrip(". ")[:200] \
+        if lines else name
+    mine = user_frame(exc)
+    at = f" (in the model at {mine})" if mine else ""
+    return f"{hint}: {reason}{at}.\n{name}: {detail}"
+
+
+_LIBRARY_PARTS = ("/torch/", "/triton/", "/kernel_lens/", "<frozen ", "/site-packages/", "<string>")
+
+
+def user_frame(exc: BaseException) -> str | None:
+    """The innermost frame of the user's code in ``exc``'s traceback (or a cause's): outside
+    torch, Triton, kernel_lens and installed packages, as ``file:line: code``."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        frames = [f for f in traceback.extract_tb(exc.__traceback__)
+                  if not any(part in f.filename for part in _LIBRARY_PARTS)]
+        if frames:
+            f = frames[-1]
+            return f"{f.filename}:{f.lineno}" + (f": {f.line.strip()[:120]}" if f.line else "")
+        exc = exc.__cause__ or exc.__context__
+    return None
