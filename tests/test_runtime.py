@@ -220,3 +220,28 @@ def test_the_compile_cache_is_keyed_by_targets(cached):
                      targets=["trt-v3"])
     assert "trt-v3.library" in trt.artifacts and "ort.library" not in trt.artifacts
     assert trt.artifacts["trt-v3.library"].parent != cached.artifacts["ort.library"].parent
+
+
+def test_a_graph_mode_name_is_checked_once_by_the_runner_that_has_it(tmp_path):
+    """Issue 28: the driver passes cuda_graph through; the ORT runner's vocabulary refuses a bad
+    name before opening anything, with the same line from run(), runner() and load()."""
+    import kernel_lens as kl
+    from kernel_lens.compiler import CompiledModel
+    from kernel_lens.errors import InputError
+
+    toy = load_module(EXAMPLES / "toy_two_kernels.py")
+    ir = kl.compile(toy.model, toy.example_inputs, dynamic_shapes=toy.dynamic_shapes).ir
+    files = {"ort.onnx": tmp_path / "m.onnx", "ort.library": tmp_path / "libm.so"}
+    for path in files.values():
+        path.write_bytes(b"")
+    compiled = CompiledModel(ir, artifacts=files)
+    lines = set()
+    for call in (lambda: compiled.runner("ort", cuda_graph="banana"),
+                 lambda: compiled.run(*toy.example_inputs, cuda_graph="banana"),
+                 lambda: CompiledModel(ir, artifacts=files, cuda_graph="banana").runner()):
+        with pytest.raises(InputError) as err:
+            call()
+        lines.add(str(err.value))
+    assert lines == {"cuda_graph='banana': pass True, False, or one of ('torch', 'ort')"}
+    with pytest.raises(InputError, match=r"cuda_graph=\[1\]: pass True, False or the name"):
+        compiled.runner("ort", cuda_graph=[1])

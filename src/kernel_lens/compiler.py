@@ -122,8 +122,9 @@ class CompiledModel:
             raise InputError(f"backend must be a target name such as 'ort' (a str), got "
                              f"{type(backend).__name__} {reprlib.repr(backend)}")
         graph = self.cuda_graph if cuda_graph is None else cuda_graph
-        if not (isinstance(graph, bool) or graph in ("torch", "ort")):
-            raise InputError(f"cuda_graph={reprlib.repr(graph)}: pass True, False, 'torch' or 'ort'")
+        if not isinstance(graph, (bool, str)):  # a mode's name is the runner's to check
+            raise InputError(f"cuda_graph={reprlib.repr(graph)}: pass True, False or the name of "
+                             f"a graph mode of the runner (ort: 'torch', 'ort')")
         asked = (backend, graph)
         if asked not in self._runners:  # resolve the name once: run() calls this on every call
             backend = self._backend(backend)

@@ -112,6 +112,7 @@ class OrtModel:
 
     def __init__(self, ir: GraphIR, onnx_path: str | Path, library_path: str | Path, *,
                  cuda_graph: bool | str = False) -> None:
+        mode = graph_mode(cuda_graph)  # the one check of the mode's name, before any work
         # Checked before anything else: a relative library name reaches dlopen's search path.
         onnx_path, library_path = _pinned(onnx_path, "ONNX model"), _pinned(library_path, "plugin library")
         try:
@@ -124,7 +125,7 @@ class OrtModel:
                 f"({ort.get_available_providers()}); install onnxruntime-gpu")
         self._ort = ort
         self.ir = ir
-        self.graph_mode = graph_mode(cuda_graph)
+        self.graph_mode = mode
         self.cuda_graph = self.graph_mode is not None
         self.onnx_path, self.library_path = onnx_path, library_path
         self.signature = CallSignature(ir)
