@@ -160,6 +160,12 @@ def test_every_flag_that_changes_the_trace_reaches_it(command, tmp_path, monkeyp
 # ------------------------------------------------------------------ progress, -q/-v, signals, OS errors
 
 
+def torch_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def test_compile_reports_each_stage_with_its_time_the_cache_and_the_next_step(tmp_path):
     first = kl("compile", TOY, "-o", str(tmp_path / "a")).stderr.splitlines()
     again = kl("compile", TOY, "-o", str(tmp_path / "b"), "-v").stderr  # -v after the command
@@ -167,6 +173,9 @@ def test_compile_reports_each_stage_with_its_time_the_cache_and_the_next_step(tm
                   "pass specialization"):
         assert any(line.startswith(f"kernel_lens: {stage}") and " s" in line for line in first), stage
     assert "aot add_kernel (sm_90, specialized): " in again and "reused from cache" in again
+    if not torch_cuda():  # which arch, and how to choose, on a host without a GPU
+        assert any(line.startswith("kernel_lens: no CUDA GPU here: compiling for sm_90 (H100/H200); "
+                                   "choose another with --arch") for line in first)
     assert first[-2].startswith("kernel_lens: next: check it with kernel_lens verify ")
     assert first[-1].startswith("kernel_lens: done in ")
 

@@ -82,6 +82,8 @@ def default_arch() -> int:
     if torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability()
         return major * 10 + minor
+    progress.log.info("no CUDA GPU here: compiling for sm_90 (H100/H200); choose another with "
+                      "--arch (e.g. --arch sm_80) or arch= in kernel_lens.compile")
     return 90
 
 
