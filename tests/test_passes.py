@@ -211,3 +211,15 @@ def test_order_without_networkx_matches_the_dependency_graph():
     pm.add(make("c-maker", requires={"b"}, provides={"c"}))
     with pytest.raises(PassError, match="cycle"):
         pm.order()
+
+
+def test_before_places_a_pass_ahead_of_the_named_ones():
+    pm = default_pipeline()
+    pm.add(_pass("my-check"), before="specialization")
+    names = [p.name for p in pm.order()]
+    assert names.index("my-check") < names.index("specialization")
+    pm.add(_pass("late"), after="specialization", before="ptx-isa-clamp")
+    names = [p.name for p in pm.order()]
+    assert names.index("specialization") < names.index("late") < names.index("ptx-isa-clamp")
+    with pytest.raises(PassError, match="to run before unknown pass 'nope'"):
+        PassManager([_pass("x")]).add(_pass("y"), before="nope").order()

@@ -73,13 +73,16 @@ class PassManager:
     def __init__(self, passes: Iterable[Pass] = (), verify: Callable[[GraphIR], None] | None = None):
         self._passes: list[Pass] = []
         self._after: dict[str, set[str]] = {}
+        self._before: dict[str, set[str]] = {}
         self.verify = verify
         self.timings: list[PassTiming] = []
         for p in passes:
             self.add(p)
 
-    def add(self, p: Pass, *, after: str | Iterable[str] = ()) -> "PassManager":
-        """Add a pass; ``after`` forces it to run after the named passes."""
+    def add(self, p: Pass, *, after: str | Iterable[str] = (),
+            before: str | Iterable[str] = ()) -> "PassManager":
+        """Add a pass; ``after`` / ``before`` force it to run after / before the named passes
+        (besides what its ``requires`` and ``provides`` facts order)."""
         if not p.name or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", p.name):
             raise PassError(f"{type(p).__name__} has name {p.name!r}; a pass name is 1-64 letters, "
                             f"digits, '-', '_' or '.' (it names dump files), starting with a "
@@ -88,11 +91,13 @@ class PassManager:
             raise PassError(f"pass {p.name!r} is already in the pipeline")
         self._passes.append(p)
         self._after[p.name] = {after} if isinstance(after, str) else set(after)
+        self._before[p.name] = {before} if isinstance(before, str) else set(before)
         return self
 
     def remove(self, name: str) -> "PassManager":
         self._passes = [p for p in self._passes if p.name != name]
         self._after.pop(name, None)
+        self._before.pop(name, None)
         return self
 
     def __contains__(self, name: str) -> bool:
@@ -121,6 +126,10 @@ class PassManager:
                 if name not in names:
                     raise PassError(f"pass {p.name!r} is to run after unknown pass {name!r}")
                 edges.append((name, p.name))
+            for name in self._before[p.name]:
+                if name not in names:
+                    raise PassError(f"pass {p.name!r} is to run before unknown pass {name!r}")
+                edges.append((p.name, name))
         return edges
 
     def graph(self, have: Iterable[str] = ()) -> "nx.DiGraph":
