@@ -223,3 +223,22 @@ def test_before_places_a_pass_ahead_of_the_named_ones():
     assert names.index("specialization") < names.index("late") < names.index("ptx-isa-clamp")
     with pytest.raises(PassError, match="to run before unknown pass 'nope'"):
         PassManager([_pass("x")]).add(_pass("y"), before="nope").order()
+
+
+def test_the_first_model_guide_s_pass_runs_as_written(capsys):
+    """docs/first_model.md, section 5: its code block, executed against the toy example."""
+    import re
+
+    from conftest import EXAMPLES, ROOT, load_module
+
+    text = (ROOT / "docs" / "first_model.md").read_text()
+    section = text.split("## 5.", 1)[1].split("## 6.", 1)[0]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    toy = load_module(EXAMPLES / "toy_two_kernels.py")
+    scope = {"model": toy.model, "example_inputs": toy.example_inputs,
+             "dynamic_shapes": toy.dynamic_shapes}
+    exec(compile(code, "first_model.md", "exec"), scope)
+    out = capsys.readouterr().out
+    assert "ToyModel: 2 launches" in out and "count-launches" in out
+    names = [p.name for p in scope["pm"].order()]
+    assert names.index("role-inference") < names.index("count-launches") < names.index("specialization")
