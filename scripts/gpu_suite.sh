@@ -44,8 +44,8 @@ case "${1:-all}" in
     grep -E "max_abs_diff" "$out/pytest-library.log" > "$out/diffs-library.txt"
     tail -6 "$out/pytest-library.log"; tail -3 "$out/library_gpu.log"
     exit $rc ;;
-  capture) tests=(tests/gpu/test_gpu_capture.py tests/test_corpus.py tests/test_capture.py tests/test_hardening.py tests/test_runtime_cpp.py) ;;
-  *) tests=(tests/gpu tests/test_corpus.py tests/test_capture.py tests/test_hardening.py) ;;
+  capture) tests=(tests/gpu/test_gpu_capture.py tests/test_corpus.py tests/test_capture.py tests/test_untrusted_inputs.py tests/test_runtime_cpp.py) ;;
+  *) tests=(tests/gpu tests/test_corpus.py tests/test_capture.py tests/test_untrusted_inputs.py) ;;
 esac
 python3 -m pytest -q -s -p no:cacheprovider "${tests[@]}" --junitxml="$out/junit-${1:-all}.xml" > "$out/pytest-${1:-all}.log" 2>&1
 rc=$?

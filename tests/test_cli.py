@@ -247,7 +247,8 @@ def test_on_a_terminal_progress_is_a_spinner_and_a_line_per_finished_stage():
     handler.console = Console(file=buffer, force_terminal=True, width=100)
     logger = logging.getLogger(progress.log.name)
     logger.addHandler(handler)
-    old_level, logger.level = logger.level, logging.INFO
+    old_level = logger.level
+    logger.setLevel(logging.INFO)  # (setLevel, not .level =: it clears logging's enabled cache)
     try:
         with progress.stage("pass specialization"):
             with progress.stage("aot k (sm_90, generic)") as inner:
