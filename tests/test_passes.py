@@ -242,3 +242,36 @@ def test_the_first_model_guide_s_pass_runs_as_written(capsys):
     assert "ToyModel: 2 launches" in out and "count-launches" in out
     names = [p.name for p in scope["pm"].order()]
     assert names.index("role-inference") < names.index("count-launches") < names.index("specialization")
+
+
+def test_pass_options_are_declared_by_the_passes_and_checked_before_the_capture(monkeypatch):
+    """Issue 28: options live on the pass that reads them; the manager refuses an unknown name or
+    type and lets the pass refuse a bad value, before the front half runs."""
+    import kernel_lens as kl
+    import kernel_lens.frontends.lift as lift_module
+    from kernel_lens.errors import PtxIsaError
+
+    from conftest import EXAMPLES, load_module
+
+    ir = model_ir_for_options()
+
+    def never(*_):
+        raise AssertionError("the capture ran")
+    monkeypatch.setattr(lift_module, "capture", never)
+    toy = load_module(EXAMPLES / "toy_two_kernels.py")
+    for options, error, match in [
+        ({"ptx_verison": "8.4"}, PassError, r"option 'ptx_verison' is read by no pass of the pipeline \(did you mean 'ptx_version'\?\); options: cuda_version, ptx_version"),
+        ({"ptx_version": 8.4}, PassError, r"option 'ptx_version' of pass 'ptx-isa-clamp' must be a str, got float 8.4"),
+        ({"cuda_version": "twelve"}, PtxIsaError, r"cuda_version 'twelve' is not of the form MAJOR.MINOR"),
+    ]:
+        with pytest.raises(error, match=match):
+            kl.compile(toy.model, toy.example_inputs, options=options)
+    pm = PassManager([_pass("x")])
+    with pytest.raises(PassError, match="read by no pass"):
+        pm.run(ir, PassContext(options={"ptx_version": "8.4"}))
+
+
+def model_ir_for_options():
+    from conftest import EXAMPLES, model_ir
+
+    return model_ir(EXAMPLES / "toy_two_kernels.py")

@@ -534,6 +534,7 @@ def compile(model: Callable, example_inputs: Iterable[Any], *, dynamic_shapes: A
         stop_after = None  # every pass runs
     dump_after = list(dump_after)
     pm.check_names([*dump_after, *([stop_after] if stop_after else [])])  # a typo costs no capture
+    pm.check_options(dict(options or {}))
     for name in targets:  # missing headers or compilers: said now, not after the capture
         get_target(name).preflight(stage)
     ir, outputs = lift_with_outputs(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes,

@@ -15,12 +15,13 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, ClassVar, Iterable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Protocol
 
-from ..errors import PassError, PostconditionError, PreconditionError
 from .. import progress
+from ..errors import PassError, PostconditionError, PreconditionError
 from ..fileio import inside, subfolder
-from ..ir import GraphIR
+from ..ir import GraphIR, KernelBinary, KernelIR
+from ..ir.kernel import Specialization
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -34,12 +35,22 @@ class PassResult:
     modified: bool
 
 
+class KernelCompiler(Protocol):
+    """What the specialization pass calls to compile a kernel (the driver passes Triton's, see
+    :func:`kernel_lens.compiler.pass_context`): a binary of ``kernel`` for ``arch`` under
+    ``assumptions`` (``specialized``: the fast variant, else the generic one)."""
+
+    def __call__(self, kernel: KernelIR, arch: int, assumptions: dict[str, Specialization],
+                 specialized: bool) -> KernelBinary: ...
+
+
 @dataclass
 class PassContext:
-    """What passes may use besides the IR: options and the kernel compiler service."""
+    """What passes may use besides the IR: options (each declared by a pass, see
+    :attr:`Pass.options`) and the kernel compiler service."""
 
-    options: dict = field(default_factory=dict)
-    compile_binary: Callable | None = None  # (KernelIR, arch, assumptions, specialized) -> KernelBinary
+    options: dict[str, Any] = field(default_factory=dict)
+    compile_binary: KernelCompiler | None = None
 
 
 class Pass:
@@ -49,6 +60,11 @@ class Pass:
     description: ClassVar[str] = ""
     requires: ClassVar[frozenset[str]] = frozenset()
     provides: ClassVar[frozenset[str]] = frozenset()
+    #: options the pass reads from ``ctx.options``: name -> type (the manager refuses others)
+    options: ClassVar[dict[str, type]] = {}
+
+    def check_options(self, options: dict[str, Any]) -> None:
+        """Raise the error naming a bad value of this pass's options (before any work)."""
 
     def run(self, ir: GraphIR, ctx: PassContext) -> PassResult:
         raise NotImplementedError
@@ -171,6 +187,24 @@ class PassManager:
             raise PassError("pass dependencies form a cycle")
         return [self.get(n) for n in names]
 
+    def check_options(self, options: dict[str, Any]) -> None:
+        """PassError for an option no pass of this pipeline declares or of the wrong type; then
+        each pass checks its own values (checked by :func:`kernel_lens.compile` before the
+        capture, and again by :meth:`run`)."""
+        declared = {name: (p, kind) for p in self._passes for name, kind in p.options.items()}
+        for name, value in options.items():
+            if name not in declared:
+                close = difflib.get_close_matches(str(name), list(declared), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise PassError(f"option {name!r} is read by no pass of the pipeline{hint}; "
+                                f"options: {', '.join(sorted(declared)) or 'none'}")
+            p, kind = declared[name]
+            if value is not None and not isinstance(value, kind):
+                raise PassError(f"option {name!r} of pass {p.name!r} must be a {kind.__name__}, got "
+                                f"{type(value).__name__} {value!r}")
+        for p in self._passes:
+            p.check_options({k: v for k, v in options.items() if k in p.options})
+
     def check_names(self, wanted: Iterable[str], order: list | None = None) -> None:
         """PassError for a name in ``wanted`` that is no pass of this pipeline (checked by
         :func:`kernel_lens.compile` before the capture, so a typo costs no work)."""
@@ -185,6 +219,7 @@ class PassManager:
             dump_after: Iterable[str] = (), dump: Callable[[str, GraphIR], None] | None = None,
             ) -> GraphIR:
         ctx = ctx or PassContext()
+        self.check_options(ctx.options)
         dump_after = set(dump_after)
         order = self.order(ir.facts)
         self.check_names(dump_after | ({stop_after} if stop_after else set()), order)

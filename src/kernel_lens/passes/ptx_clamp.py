@@ -34,6 +34,10 @@ class PtxIsaClamp(Pass):
     description = "lower PTX .version to the deployment driver's maximum when provably sound"
     requires = frozenset({"guarded-binaries"})
     provides = frozenset({"ptx-clamped"})
+    options = {"ptx_version": str, "cuda_version": str}
+
+    def check_options(self, options: dict) -> None:
+        target_ptx_version(options)  # a malformed version is refused before any work
 
     def run(self, ir: GraphIR, ctx: PassContext) -> PassResult:
         limit = target_ptx_version(ctx.options)
