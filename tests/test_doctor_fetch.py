@@ -189,7 +189,7 @@ def test_doctor_gives_the_fix_when_ort_include_dir_is_empty(tmp_path, compiler):
     assert ort.startswith(f"NOT FOUND: ORT_INCLUDE_DIR={empty} points to a folder without "
                           "onnxruntime_c_api.h")
     assert "`kernel_lens fetch-headers`" in ort
-    assert _value(sections["targets"], "ort").startswith("cannot build: ORT_INCLUDE_DIR=")
+    assert _value(sections["targets"], "ort").startswith("cannot build: no ONNX Runtime headers (ORT_INCLUDE_DIR=")
 
 
 def test_doctor_survives_a_broken_environment(tmp_path):
@@ -239,3 +239,27 @@ def test_ort_cuda_ep_check_reads_the_child_process(monkeypatch, returncode, stdo
     fake = subprocess.CompletedProcess([], returncode, stdout, stderr)
     monkeypatch.setattr(doctor.subprocess, "run", lambda *a, **k: fake)
     assert doctor._ort_cuda_ep() == expected
+
+
+def test_doctor_asks_every_installed_target_what_it_needs(monkeypatch):
+    """Issue 28: doctor loops over the targets (a third party's too) and probes each requirement
+    the target reports; it knows no target's needs itself."""
+    import kernel_lens as kl
+    from kernel_lens.targets.base import Target
+
+    class NeedsAWidget(Target):
+        name = "needs-widget"
+
+        def requirements(self, stop_after=None):
+            def widget():
+                raise RuntimeError("no widget in PATH; install widget")
+            return [("widget", widget)]
+
+        def build(self, ir, out_dir):
+            return {}
+
+    kl.register_target(NeedsAWidget)
+    monkeypatch.setattr(doctor, "_available_targets",
+                        lambda: {"ort": "kernel_lens.targets.ort:OrtTarget", "needs-widget": "test"})
+    lines, _ = doctor._targets(doctor._State())
+    assert dict(lines)["needs-widget"] == "cannot build: no widget (no widget in PATH)"

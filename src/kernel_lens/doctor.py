@@ -45,7 +45,6 @@ SECTIONS = ("kernel_lens", "python", "torch", "triton", "onnxruntime", "tensorrt
 ENV_VARS = ("ORT_INCLUDE_DIR", "TENSORRT_INCLUDE_DIR", "CUDA_INCLUDE_DIR", "KERNEL_LENS_HEADERS",
             "KERNEL_LENS_CACHE", "KERNEL_LENS_CXX", "CXX", "KERNEL_LENS_NVCC",
             "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH")
-TRT_TARGETS = ("trt-v2", "trt-v3")
 _TIMEOUT_S = 60
 
 Lines = list[tuple[str, str]]  # (label, value)
@@ -397,45 +396,37 @@ def _available_targets() -> dict[str, str]:
 
 
 def _targets(st: _State) -> tuple[Lines, int]:
+    """Each installed target, and whether it can be built here: every requirement it reports
+    (:meth:`kernel_lens.targets.base.Target.requirements`) probed, the missing ones named."""
     try:
         available = _available_targets()
         listed_error = ""
     except Exception as exc:  # noqa: BLE001
         available, listed_error = {}, _error(exc)
     out: Lines = []
-    ort_missing = []
-    if st.cxx is None:
-        ort_missing.append(f"no C++ compiler ({_first_clause(st.cxx_error)})")
-    if st.ort_include is None:
-        ort_missing.append(f"{_first_clause(st.ort_error)}; fix: see headers above")
+    status = 0
     if "ort" not in available:
-        ort_missing.append("target not installed (entry point kernel_lens.targets: ort)"
-                           + (f"; listing targets failed: {listed_error}" if listed_error else ""))
-    out.append(("ort", "cannot build: " + "; ".join(ort_missing) if ort_missing else "can build"))
-    if st.trt_include is not None:
-        trt_headers = f"TensorRT headers found ({st.trt_version or 'version unknown'}, {st.trt_include})"
-    elif st.trt_error.startswith("TensorRT headers"):
-        trt_headers = "TensorRT headers not found (fix: see headers above)"
-    else:
-        trt_headers = f"TensorRT headers not found ({_first_clause(st.trt_error)})"
-    for name in TRT_TARGETS:
-        too_old = (name == "trt-v3" and st.trt_version is not None
-                   and int(st.trt_version.split(".")[0]) < 10)
-        if name not in available:
-            note = "; IPluginV3 needs TensorRT >= 10" if too_old else ""
-            out.append((name, f"target not implemented yet; {trt_headers}{note}"))
+        out.append(("ort", "cannot build: target not installed (entry point kernel_lens.targets: "
+                           "ort)" + (f"; listing targets failed: {listed_error}" if listed_error else "")))
+        status = 1
+    for name in available:
+        try:
+            from .targets.base import get_target  # lazy: the IR (pydantic, sympy)
+
+            needs = get_target(name).requirements()
+        except Exception as exc:  # noqa: BLE001 - a broken third-party target is reported, not fatal
+            out.append((name, f"cannot tell: {_error(exc)}"))
             continue
         missing = []
-        if st.cxx is None:
-            missing.append("no C++ compiler")
-        if st.trt_include is None:
-            missing.append(trt_headers)
-        elif too_old:
-            missing.append(f"TensorRT {st.trt_version} headers have no IPluginV3 (needs >= 10)")
-        if st.cuda_include is None:
-            missing.append(f"CUDA runtime headers not found ({_first_clause(st.cuda_error)})")
+        for what, probe in needs:
+            try:
+                probe()
+            except Exception as exc:  # noqa: BLE001
+                missing.append(f"no {what} ({_first_clause(str(exc))})")
         out.append((name, "cannot build: " + "; ".join(missing) if missing else "can build"))
-    return out, (0 if not ort_missing else 1)
+        if name == "ort" and missing:
+            status = 1
+    return out, status
 
 
 def _format(title: str, lines: Lines) -> list[str]:

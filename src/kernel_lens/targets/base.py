@@ -12,7 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, Sequence
+from typing import Any, Callable, ClassVar, Protocol, Sequence
 
 from ..errors import KernelLensError
 from .. import progress
@@ -45,10 +45,16 @@ class Target(ABC):
     def build(self, ir: GraphIR, out_dir: Path) -> dict[str, Path]:
         """Write this target's artifacts for ``ir`` into ``out_dir``; return them by kind."""
 
+    def requirements(self, stop_after: str | None = None) -> list[tuple[str, Callable[[], object]]]:
+        """What building up to ``stop_after`` needs from the environment: (what, probe) pairs,
+        each probe raising the error that names what is missing and how to get it. The default
+        needs nothing. ``kernel_lens doctor`` runs them all; a compile runs :meth:`preflight`."""
+        return []
+
     def preflight(self, stop_after: str | None = None) -> None:
-        """Check, before any work, what building up to ``stop_after`` needs from the environment
-        (headers, compilers), raising the error that names what is missing and how to get it.
-        The default checks nothing."""
+        """Run :meth:`requirements`' probes before any work: the first missing one raises."""
+        for _, probe in self.requirements(stop_after):
+            probe()
 
     def build_until(self, ir: GraphIR, out_dir: Path, stop_after: str | None = None) -> dict[str, Path]:
         """:meth:`build`, or only its stages up to ``stop_after`` (their outputs written)."""

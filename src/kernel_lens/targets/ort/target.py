@@ -10,6 +10,7 @@ from ...ir import GraphIR
 from ...onnx.lower import lower_to_onnx_cached, save_onnx
 from ...onnx.rewrites import for_onnxruntime
 from ...toolchain.build import build_shared_library
+from ...toolchain.compilers import find_cxx
 from ...toolchain.headers import find_ort_include, ort_api_version
 from ..base import StagedTarget
 from ..common.emit import common_headers, render_launches, templates
@@ -47,9 +48,13 @@ class OrtTarget(StagedTarget):
     aliases = ("onnxruntime",)
     description = "ONNX Runtime (CUDA EP): ONNX graph + OrtCustomOp library"
 
-    def preflight(self, stop_after: str | None = None) -> None:
+    def requirements(self, stop_after: str | None = None) -> list:
+        needs = []
+        if stop_after in (None, "build"):
+            needs.append(("C++ compiler", find_cxx))
         if stop_after != "lower":  # emit reads the ORT API version from the headers
-            find_ort_include()
+            needs.append(("ONNX Runtime headers", find_ort_include))
+        return needs
 
     def stage_lower(self, ir: GraphIR, out_dir: Path, state: dict) -> dict[str, Path]:
         ensure_folder(out_dir)

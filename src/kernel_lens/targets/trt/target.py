@@ -32,6 +32,7 @@ from ...fileio import atomic_copy, ensure_folder, inside
 from ...ir import DType, GraphIR, parse, symbol
 from ...onnx.lower import DOMAIN, MIN_OPSET, all_nodes, lower_to_onnx_cached, save_onnx
 from ...toolchain.build import build_shared_library
+from ...toolchain.compilers import find_cxx
 from ...toolchain.headers import find_cuda_include, find_tensorrt_include, tensorrt_version
 from ..base import StagedTarget
 from ..common.emit import c_quote, common_headers, cxx_name, render_launches, templates
@@ -125,11 +126,15 @@ class _TrtTarget(StagedTarget):
             raise KernelLensError(f"TensorRT {version} headers: kernel_lens's TensorRT plugins need "
                                   f"TensorRT 10 or newer (IPluginV3); set TENSORRT_INCLUDE_DIR")
 
-    def preflight(self, stop_after: str | None = None) -> None:
-        if stop_after != "lower":  # emit reads the TensorRT version; build needs the CUDA headers too
-            self.check_version(tensorrt_version(find_tensorrt_include()))
+    def requirements(self, stop_after: str | None = None) -> list:
+        needs = []
         if stop_after in (None, "build"):
-            find_cuda_include()
+            needs.append(("C++ compiler", find_cxx))
+        if stop_after != "lower":  # emit reads the TensorRT version; build needs the CUDA headers too
+            needs.append(("TensorRT headers", lambda: self.check_version(tensorrt_version(find_tensorrt_include()))))
+        if stop_after in (None, "build"):
+            needs.append(("CUDA runtime headers", find_cuda_include))
+        return needs
 
     def stage_lower(self, ir: GraphIR, out_dir: Path, state: dict) -> dict[str, Path]:
         ensure_folder(out_dir)
