@@ -42,6 +42,7 @@ from pydantic import ValidationError
 
 from ..ir import AbiParam, DType, KernelBinary, KernelIR, KernelParam, ParamKind, Specialization, TmaMeta
 from ..toolchain import entry_cache
+from ..toolchain.ptx_isa import parse_ptx_version
 from . import arguments
 from . import triton_compat as tc
 from .source import resolve_jit
@@ -263,11 +264,11 @@ def compile_binary(kernel: KernelIR, arch: int, assumptions: dict[str, Specializ
     if ptx_entry_param_count(ptx, md.name) != len(abi):
         raise CompilationError(f"kernel {kernel.name}: PTX entry has "
                                f"{ptx_entry_param_count(ptx, md.name)} params, expected {len(abi)}")
-    version = re.search(r"^\s*\.version\s+(\d+\.\d+)", ptx, re.M)
+    major, minor = parse_ptx_version(ptx)  # one parser of .version (toolchain.ptx_isa)
     return KernelBinary(
         arch=arch, specialized=specialized,
         assumptions={k: v for k, v in assumptions.items() if v.any}, int_types=int_types,
-        entry_name=md.name, ptx=ptx, ptx_version=version.group(1) if version else "",
+        entry_name=md.name, ptx=ptx, ptx_version=f"{major}.{minor}",
         cubin=compiled.asm["cubin"], abi=abi, num_warps=md.num_warps, num_ctas=md.num_ctas,
         shared_mem=md.shared, global_scratch_size=md.global_scratch_size,
         global_scratch_align=md.global_scratch_align,

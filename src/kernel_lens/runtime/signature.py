@@ -45,7 +45,11 @@ class OutputSpec:
 
 
 @dataclass(frozen=True)
-class SymbolSource:
+class CallSymbol:
+    """A dynamic size of a call: read from graph input ``input``'s dim ``dim`` as
+    ``(size - offset) / scale``, declared within [min, max]. (The launch wiring's
+    :class:`kernel_lens.codegen.launch_io.SymbolSource` reads it from a node's inputs instead.)"""
+
     name: str
     input: int
     dim: int
@@ -90,8 +94,8 @@ class CallSignature:
                                     tuple(checks)))
         self.inputs: tuple[InputSpec, ...] = tuple(inputs)
         self.shapes_text = {name: ir.values[name].shape for name in ir.inputs}
-        self.symbols: tuple[SymbolSource, ...] = tuple(
-            SymbolSource(sym, info.input, info.dim, info.scale, info.offset, info.min, info.max)
+        self.symbols: tuple[CallSymbol, ...] = tuple(
+            CallSymbol(sym, info.input, info.dim, info.scale, info.offset, info.min, info.max)
             for sym, info in ir.symbols.items())
         self.outputs: tuple[OutputSpec, ...] = tuple(
             OutputSpec(name, ir.values[name].dtype, torch_dtype(ir.values[name].dtype),
