@@ -17,7 +17,8 @@ import torch
 from onnx import TensorProto, helper
 
 import kernel_lens as kl
-from kernel_lens.compiler import MANIFEST, _write_manifest
+from kernel_lens.artifact_folder import MANIFEST
+from kernel_lens.artifact_folder import write_manifest as _write_manifest
 from kernel_lens.errors import ArtifactError, InputError, IRError
 from kernel_lens.ir import GraphIR
 from kernel_lens.runtime.ort import OrtModel

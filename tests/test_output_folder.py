@@ -12,7 +12,7 @@ import types
 import pytest
 
 import kernel_lens as kl
-from kernel_lens import compiler
+from kernel_lens import artifact_folder
 from kernel_lens.compiler import CompiledModel
 from kernel_lens.errors import ArtifactError
 from kernel_lens.targets.ort.target import OrtTarget
@@ -34,7 +34,7 @@ def _digests(folder) -> dict[str, str]:
 
 def _no_staging(tmp_path, out) -> None:
     for where in (tmp_path, out):
-        assert not [p for p in where.iterdir() if p.name.startswith(compiler.STAGING_PREFIX)]
+        assert not [p for p in where.iterdir() if p.name.startswith(artifact_folder.STAGING_PREFIX)]
 
 
 def _interrupt(*_args, **_kwargs):
@@ -55,7 +55,7 @@ def test_an_interrupted_compile_leaves_the_earlier_build(point, toy_ir, tmp_path
             if len(calls) == 2:
                 raise KeyboardInterrupt
             os.replace(src, dst)
-        monkeypatch.setattr(compiler, "os", types.SimpleNamespace(**{**vars(os), "replace": replace}))
+        monkeypatch.setattr(artifact_folder, "os", types.SimpleNamespace(**{**vars(os), "replace": replace}))
     else:
         monkeypatch.setattr(OrtTarget, f"stage_{point}", _interrupt)
     with pytest.raises(KeyboardInterrupt):
@@ -88,10 +88,10 @@ def test_a_new_build_removes_only_the_files_the_earlier_one_listed(toy_ir, tmp_p
 
 def test_a_killed_compile_s_staging_folder_is_removed_by_the_next(toy_ir, tmp_path):
     out = tmp_path / "out"
-    dead = tmp_path / f"{compiler.STAGING_PREFIX}999999999-abc"  # no such process
+    dead = tmp_path / f"{artifact_folder.STAGING_PREFIX}999999999-abc"  # no such process
     dead.mkdir()
     (dead / "half.onnx").write_bytes(b"x")
-    mine = tmp_path / f"{compiler.STAGING_PREFIX}{os.getpid()}-live"  # a live process's: kept
+    mine = tmp_path / f"{artifact_folder.STAGING_PREFIX}{os.getpid()}-live"  # a live process's: kept
     mine.mkdir()
     CompiledModel(toy_ir).write(out)
     assert not dead.exists() and mine.exists()

@@ -1,0 +1,227 @@
+"""An output folder's safety: the manifest (written last, read through checked descriptors),
+the staging folder a build is made in and moved from, and the rules for reading a folder back.
+:func:`kernel_lens.compiler.load` and :meth:`CompiledModel.write` are the users; what is
+trusted and why is in docs/security.md."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import reprlib
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+from .errors import ArtifactError, OutputPathError
+from .fileio import atomic_write, inside, subfolder, umask
+
+MANIFEST = "kernel_lens.json"
+MAX_ARTIFACTS = 64  # entries a manifest may name (a compile writes a few per target)
+
+
+STAGING_PREFIX = ".kl-staging-"
+
+
+def staging_folder(directory: Path) -> Path:
+    """A new private folder to build in, on ``directory``'s file system (so moving out of it is
+    a rename): beside ``directory``, else inside it. Staging folders that a killed compile left
+    (their process is gone) are removed first."""
+    for where in (directory.parent, directory):
+        _remove_stale_staging(where)
+        try:
+            folder = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=where))
+        except OSError:
+            continue
+        os.chmod(folder, 0o755 & ~umask())  # mkdtemp made it 0700
+        return folder
+    raise OutputPathError(f"cannot write into {directory} (nor beside it): check its permissions "
+                          f"or choose another output folder")
+
+
+def _remove_stale_staging(where: Path) -> None:
+    try:
+        entries = list(os.scandir(where))
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.name.startswith(STAGING_PREFIX) or not entry.is_dir(follow_symlinks=False):
+            continue
+        pid = entry.name[len(STAGING_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
+def _listed(directory: Path) -> set[Path]:
+    """The files the folder's current manifest lists (relative), or none when it has none or
+    it cannot be read: only paths inside the folder are returned."""
+    try:
+        root = directory.resolve()
+        data = json.loads(read_inside(root, root / MANIFEST, "manifest", follow=False))
+        names = data["artifacts"].values()
+    except Exception:  # noqa: BLE001 - an unreadable manifest lists nothing to clean up
+        return set()
+    listed = set()
+    for name in names:
+        rel = Path(str(name))
+        if not rel.is_absolute() and ".." not in rel.parts and rel.parts:
+            listed.add(rel)
+    return listed
+
+
+def move_in(staging: Path, directory: Path) -> None:
+    """Move a complete build from ``staging`` into ``directory``: the old manifest first out,
+    each file in by rename, the files only the old manifest listed removed, the manifest last."""
+    old = _listed(directory)
+    made = {Path(top, name).relative_to(staging) for top, _, files in os.walk(staging)
+            for name in files} - {Path(MANIFEST)}
+    retract_manifest(directory)
+    for rel in sorted(made):
+        target = inside(directory, rel) if len(rel.parts) == 1 else \
+            subfolder(directory, rel.parent) / rel.name
+        os.replace(staging / rel, target)
+    for rel in sorted(old - made):
+        try:
+            path = inside(directory, rel)
+            if path.is_file() or path.is_symlink():
+                path.unlink()
+        except (OSError, OutputPathError):
+            continue
+        parent = path.parent  # folders the old build made (src/ of --stop-after emit) go if empty
+        while parent != directory and parent.is_relative_to(directory):
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+            parent = parent.parent
+    os.replace(staging / MANIFEST, inside(directory, MANIFEST))
+
+
+def retract_manifest(directory: Path) -> None:
+    """Remove the folder's manifest before anything in it is replaced, and write it again only
+    when every artifact is written: a write that fails half-way (a C++ build error) leaves a
+    folder :func:`load` refuses, never new files beside an old manifest naming an old library."""
+    try:
+        os.unlink(inside(directory, MANIFEST))
+    except FileNotFoundError:
+        pass
+
+
+def write_manifest(directory: Path, name: str, artifacts: dict[str, Path]) -> None:
+    """The folder's manifest: artifact kind -> path relative to the folder."""
+    atomic_write(inside(directory, MANIFEST),
+                 json.dumps({"name": name, "artifacts": {k: str(v) for k, v in artifacts.items()}}, indent=1))
+
+
+def shown(name: object) -> str:
+    """A path or name as an error shows it: quoted, control characters escaped (``repr``), so a
+    crafted file name cannot drive the terminal."""
+    return repr(str(name))
+
+
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+def read_inside(root: Path, path: Path, what: str, *, follow: bool = True) -> bytes:
+    """The bytes of ``path``: a regular file whose real location lies inside ``root``.
+
+    Checked on the open descriptor, so what was checked is what is read: the last component is
+    opened without following a link (``follow``: its real path is opened instead, which must
+    lie inside ``root``; otherwise a link there is refused), the descriptor must be a regular
+    file (no fifo, device or folder), and where it really is is read back from the descriptor."""
+    target = Path(os.path.realpath(path)) if follow else path
+    if not target.is_relative_to(root):
+        raise ArtifactError(f"{what} {shown(path)} resolves outside {shown(root)} (through a "
+                            f"link); refusing to open it")
+    try:
+        fd = os.open(target, _READ_FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ArtifactError(f"{what} {shown(path)} is a link; refusing to follow it (recompile "
+                                f"into the folder to write a real file)") from None
+        raise ArtifactError(f"cannot open {what} {shown(path)}: {exc.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ArtifactError(f"{what} {shown(path)} is not a regular file; refusing to read it")
+        try:  # where the descriptor really points (a folder on the way may have been swapped)
+            real = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # no /proc: the path must still resolve to the file that was opened
+            real = Path(os.path.realpath(target))
+            if not os.path.samestat(os.fstat(fd), os.stat(real)):
+                real = Path("/")
+        if not real.is_relative_to(root):
+            raise ArtifactError(f"{what} {shown(path)} was opened outside {shown(root)}; "
+                                f"refusing to read it")
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _manifest_path(directory: Path, manifest_path: Path, kind: object, rel: object) -> Path:
+    """A manifest entry as a path inside ``directory`` (resolved by the caller, so the path is
+    absolute): relative, normalized, no links out."""
+    if not isinstance(kind, str) or not isinstance(rel, str):
+        raise ArtifactError(f"{shown(manifest_path)}: artifact entries must map names to relative "
+                            f"paths, got {reprlib.repr(kind)}: {reprlib.repr(rel)}")
+    parts = Path(rel).parts
+    if not rel or Path(rel).is_absolute() or ".." in parts or "." in parts or str(Path(rel)) != rel \
+            or "\0" in rel:
+        raise ArtifactError(f"{shown(manifest_path)}: artifact {kind!r} has path {rel!r}; only "
+                            f"relative, normalized paths inside the folder are accepted (recompile "
+                            f"to regenerate the manifest)")
+    path = directory / rel
+    if not Path(os.path.realpath(path)).is_relative_to(directory):
+        raise ArtifactError(f"{shown(manifest_path)}: artifact {kind!r} ({rel!r}) resolves outside "
+                            f"{shown(directory)} (through a link); refusing to open it")
+    return path
+
+
+
+
+def read_folder(directory: str | Path) -> tuple[Path, dict[str, Path]]:
+    """The real folder and the artifacts its manifest names (absolute paths, each a regular file
+    inside it), or the ArtifactError naming what is wrong and the fix."""
+    given = directory
+    try:
+        root = Path(directory).resolve(strict=True)
+    except (OSError, RuntimeError, ValueError, TypeError) as exc:
+        raise ArtifactError(f"{shown(given)} is not a kernel_lens output folder ({exc}); create "
+                            f"one with kernel_lens compile FILE.py -o FOLDER") from None
+    manifest_path = root / MANIFEST
+    if not root.is_dir() or not os.path.lexists(manifest_path):
+        raise ArtifactError(f"{shown(given)} is not a kernel_lens output folder (no {MANIFEST}); "
+                            f"create one with kernel_lens compile FILE.py -o FOLDER")
+    data = read_inside(root, manifest_path, "manifest", follow=False)
+    try:
+        manifest = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+        raise ArtifactError(f"{shown(manifest_path)} is not a valid manifest "
+                            f"({type(exc).__name__}: {str(exc):.200}); recompile into "
+                            f"the folder") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("artifacts"), dict):
+        raise ArtifactError(f"{shown(manifest_path)} is malformed: expected an object with an "
+                            f"'artifacts' object; recompile into the folder")
+    if len(manifest["artifacts"]) > MAX_ARTIFACTS:
+        raise ArtifactError(f"{shown(manifest_path)} names {len(manifest['artifacts'])} artifacts; a "
+                            f"kernel_lens folder holds at most {MAX_ARTIFACTS}; recompile into the folder")
+    artifacts = {k: _manifest_path(root, manifest_path, k, v) for k, v in manifest["artifacts"].items()}
+    if "ir" not in artifacts:
+        raise ArtifactError(f"{shown(manifest_path)} names no IR ('ir' entry); recompile into the folder")
+    missing = [shown(p) for p in artifacts.values() if not p.is_file()]
+    if missing:
+        raise ArtifactError(f"{shown(given)}: artifacts missing: {', '.join(missing)}")
+    return root, artifacts
