@@ -159,22 +159,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("doctor", help="report the environment (versions, GPUs, compilers, headers) "
                                   "for a bug report; exit status 0 when the ort target can be built")
 
-    check = sub.add_parser(
-        "verify", help="run the compiled model against the model run eagerly at the example and "
-                       "at sizes from the declared ranges (on a GPU: values and timings)",
-        description="Compare the compiled model with the eager forward at the example sizes and at "
-                    "each dynamic size's minimum, an odd size inside and its maximum (capped): per "
-                    "output max abs/rel difference and bit-exactness, and timings, on a CUDA GPU; "
-                    "on a host without one, the call signature (input checks, size piece, output "
-                    "shapes and dtypes) against the eager run through Triton's interpreter, and "
-                    "what could not be checked. Exit status 0 when every size set passes.")
-    check.add_argument("file", help="the model file")
-    check.add_argument("artifacts", nargs="?", default=None,
-                       help="a compiled folder (default: compile the file now, into the cache)")
-    check.add_argument("--max-size", type=int, default=4096, metavar="N",
-                       help="cap on the sizes drawn from the declared ranges (default 4096)")
-    check.add_argument("--rtol", type=float, default=None, help="accept outputs within this relative difference")
-    check.add_argument("--atol", type=float, default=None, help="accept outputs within this absolute difference")
+    _add_verify(sub)
 
     triton = sub.add_parser(
         "export-triton", help="export a compiled folder as a model of a Triton Inference Server "
@@ -205,6 +190,25 @@ def _with_verbosity(add_parser):
         _verbosity(p, argparse.SUPPRESS)
         return p
     return add
+
+
+def _add_verify(sub) -> None:
+    check = sub.add_parser(
+        "verify", help="run the compiled model against the model run eagerly at the example and "
+                       "at sizes from the declared ranges (on a GPU: values and timings)",
+        description="Compare the compiled model with the eager forward at the example sizes and at "
+                    "each dynamic size's minimum, an odd size inside and its maximum (capped): per "
+                    "output max abs/rel difference and bit-exactness, and timings, on a CUDA GPU; "
+                    "on a host without one, the call signature (input checks, size piece, output "
+                    "shapes and dtypes) against the eager run through Triton's interpreter, and "
+                    "what could not be checked. Exit status 0 when every size set passes.")
+    check.add_argument("file", help="the model file")
+    check.add_argument("artifacts", nargs="?", default=None,
+                       help="a compiled folder (default: compile the file now, into the cache)")
+    check.add_argument("--max-size", type=int, default=4096, metavar="N",
+                       help="cap on the sizes drawn from the declared ranges (default 4096)")
+    check.add_argument("--rtol", type=float, default=None, help="accept outputs within this relative difference")
+    check.add_argument("--atol", type=float, default=None, help="accept outputs within this absolute difference")
 
 
 def _options(args: argparse.Namespace) -> dict:
