@@ -60,7 +60,6 @@ from typing import Any, Union
 import onnx
 import onnx.inliner
 import onnx_ir as oir
-import sympy
 from onnx import TensorProto, helper
 from onnx.external_data_helper import load_external_data_for_model
 
@@ -68,20 +67,18 @@ from .. import aten_facts
 from ..errors import KernelLensError, SymbolicError, UnsupportedKernelError
 from ..fileio import atomic_write
 from ..toolchain import entry_cache
-from ..ir.graph import ConstArg, GraphIR, Launch, OpArg, SymArg, TensorValue, TorchOp, ValueArg
-from ..ir.kernel import ParamKind
+from ..ir.graph import GraphIR, Launch, TensorValue, TorchOp
 from ..codegen.launch_io import launch_io, root_of
-from ..ir.symbolic import parse
-from ..ir.types import DType
 from . import aten, rewrites, torchlib
 from .context import DOMAIN, DOMAIN_VERSION, onnx_dtype, value_info
+from .graph_builder import GraphBuilder
+from .memory import MemoryModel
 from .pieces import combine_pieces
 from .external_data import check_locations, tensors
 
 MIN_OPSET = 18
 MAX_IR_VERSION = 10  # ONNX Runtime 1.29+ reads IR version 10
 
-_FP8 = {DType.fp8e4nv, DType.fp8e5}
 _UNSUPPORTED_DOMAIN = "kernel_lens.unsupported"  # placeholder nodes; never in a returned model
 
 
@@ -93,8 +90,11 @@ _value_info = value_info
 EXTERNAL_DATA_BYTES = 1_800_000_000
 
 
-class Lowering:
-    """State of one lowering; also the context :mod:`kernel_lens.onnx.aten` translators use."""
+class Lowering(GraphBuilder, MemoryModel):
+    """State of one lowering; also the context :mod:`kernel_lens.onnx.aten` translators use.
+    Node and constant building is :class:`.graph_builder.GraphBuilder`'s, roots, versions and
+    views are :class:`.memory.MemoryModel`'s; this class holds the state and the loop (torch ops,
+    launches, the assembled graph)."""
 
     def __init__(self, ir: GraphIR, opset: int, mutated_inputs: bool = True, launch_offset: int = 0):
         if opset < MIN_OPSET:
@@ -122,282 +122,6 @@ class Lowering:
         for name in [*ir.inputs, *ir.constants]:
             self.current[name], self.version[name] = name, 0
             self.taken.add(name)
-
-    # --------------------------------------------------------------------- names and nodes
-    def fresh(self, hint: str) -> str:
-        while True:
-            self._counter += 1
-            name = f"{hint}.{self._counter}"  # '.' never occurs in IR value names
-            if name not in self.taken:
-                self.taken.add(name)
-                return name
-
-    def node(self, op_type: str, inputs: list[str], n_out: int = 1, *, domain: str = "",
-             outputs: list[str] | None = None, **attrs: Any) -> Union[str, list[str]]:
-        """Append a node; returns its output name (a list when ``n_out > 1``)."""
-        outs = outputs or [self.fresh(f"{self._scope}/{op_type}") for _ in range(n_out)]
-        self.taken.update(outs)
-        self._counter += 1
-        self.nodes.append(helper.make_node(op_type, list(inputs), outs, domain=domain or None,
-                                           name=f"{self._scope}/{op_type}_{self._counter}",
-                                           **attrs))
-        return outs if len(outs) > 1 else outs[0]
-
-    def _cached(self, key: Any, build, scope: str = "shape") -> str:
-        """Build a helper tensor once (constants, symbolic sizes); shared by every user."""
-        if key not in self._cache:
-            scope, self._scope = self._scope, scope
-            try:
-                self._cache[key] = build()
-            finally:
-                self._scope = scope
-            self.shared.add(self._cache[key])
-        return self._cache[key]
-
-    # --------------------------------------------------------------------- constants
-    def constant(self, values: Any, dtype: DType, dims: list[int]) -> str:
-        flat = values if isinstance(values, list) else [values]
-        key = ("const", DType(dtype), tuple(dims), tuple(map(repr, flat)))
-        if dtype in _FP8 and self.opset < 19:
-            raise UnsupportedKernelError(f"{dtype.value} constants need opset 19+")
-
-        def build() -> str:
-            tensor = helper.make_tensor("value", onnx_dtype(dtype), dims, flat)
-            return self.node("Constant", [], value=tensor)
-        return self._cached(key, build, "const")
-
-    def i64(self, values: list[int]) -> str:
-        """A 1-D int64 constant."""
-        return self.constant([int(v) for v in values], DType.i64, [len(values)])
-
-    def scalar(self, value: Any, dtype: DType) -> str:
-        """A 0-d constant of ``dtype`` (a Python number or bool)."""
-        dtype = DType(dtype)
-        if dtype == DType.i1:
-            value = bool(value)
-        elif not dtype.is_float:
-            value = int(value)
-        else:
-            value = float(value)
-        return self.constant(value, dtype, [])
-
-    def full(self, shape: str, value: Any, dtype: DType) -> str:
-        """A tensor of ``shape`` (a 1-D int64 tensor) filled with ``value``."""
-        dtype = DType(dtype)
-        # ConstantOfShape lacks some types at some opsets (bfloat16 before 20): fill, then cast
-        vdt = dtype if self._type_ok("ConstantOfShape", "T2", dtype) else DType.fp32
-        if vdt == DType.i1:
-            value = bool(value)
-        elif not vdt.is_float:
-            value = int(value)
-        out = self.node("ConstantOfShape", [shape],
-                        value=helper.make_tensor("value", onnx_dtype(vdt), [1], [value]))
-        return self.cast(out, vdt, dtype)
-
-    def _type_ok(self, op_type: str, param: str, dtype: DType) -> bool:
-        """Whether ``op_type`` at this opset accepts ``dtype`` for type parameter ``param``."""
-        name = helper.tensor_dtype_to_string(onnx_dtype(dtype)).split(".")[-1].lower()
-        schema = onnx.defs.get_schema(op_type, self.opset)
-        return any(c.type_param_str == param and f"tensor({name})" in c.allowed_type_strs
-                   for c in schema.type_constraints)
-
-    def cast(self, name: str, src: DType, dst: DType) -> str:
-        src, dst = DType(src), DType(dst)
-        if src == dst:
-            return name
-        if (src in _FP8 or dst in _FP8) and self.opset < 19:
-            raise UnsupportedKernelError(f"casting {src.value} -> {dst.value} needs opset 19+")
-        return self.node("Cast", [name], to=onnx_dtype(dst))
-
-    def scalar_of(self, name: str) -> str:
-        """[1]-shaped -> 0-d."""
-        return self.node("Squeeze", [name, self.i64([0])])
-
-    # --------------------------------------------------------------------- symbolic integers
-    def sym(self, expr: Union[str, sympy.Expr]) -> str:
-        """A [1]-shaped int64 tensor holding the expression's value at run time."""
-        e = parse(expr, self.sym_names) if isinstance(expr, str) else expr
-        return self._cached(("sym", e), lambda: self._lower_expr(e))
-
-    def _lower_expr(self, e: sympy.Expr) -> str:
-        if e.is_Integer:
-            return self.i64([int(e)])
-        if e.is_Symbol:
-            return self._symbol(e.name)
-        if isinstance(e, sympy.Add):
-            return self._fold("Add", [self.sym(a) for a in e.args])
-        if isinstance(e, sympy.Mul):
-            coeff, rest = e.as_coeff_Mul()
-            if not coeff.is_Integer:
-                num, den = e.as_numer_denom()  # exact only if it divides: floor it explicitly
-                raise UnsupportedKernelError(f"symbolic expression {e} is not an integer "
-                                             f"expression (use floor({num}/{den}))")
-            parts = [self.sym(a) for a in sympy.Mul.make_args(rest)]
-            if coeff != 1:
-                parts.append(self.i64([int(coeff)]))
-            return self._fold("Mul", parts)
-        if isinstance(e, (sympy.floor, sympy.ceiling)):
-            num, den = (self.sym(x) for x in sympy.fraction(sympy.together(e.args[0])))
-            if isinstance(e, sympy.floor):  # (n - mod(n, d)) / d: exact, any signs (d > 0)
-                exact = self.node("Sub", [num, self.node("Mod", [num, den], fmod=0)])
-            else:  # (n + mod(-n, d)) / d
-                neg = self.node("Neg", [num])
-                exact = self.node("Add", [num, self.node("Mod", [neg, den], fmod=0)])
-            return self.node("Div", [exact, den])
-        if isinstance(e, sympy.Mod):
-            return self.node("Mod", [self.sym(e.args[0]), self.sym(e.args[1])], fmod=0)
-        if isinstance(e, (sympy.Min, sympy.Max)):
-            return self.node("Min" if isinstance(e, sympy.Min) else "Max",
-                             [self.sym(a) for a in e.args])
-        if isinstance(e, sympy.Pow) and e.exp.is_Integer and e.exp >= 0:
-            return self._fold("Mul", [self.sym(e.base)] * int(e.exp)) if e.exp > 0 else self.i64([1])
-        raise UnsupportedKernelError(f"symbolic expression {e} ({type(e).__name__}) cannot be "
-                                     f"computed at run time by the ONNX lowering")
-
-    def _fold(self, op_type: str, parts: list[str]) -> str:
-        out = parts[0]
-        for p in parts[1:]:
-            out = self.node(op_type, [out, p])
-        return out
-
-    def _symbol(self, name: str) -> str:
-        info = self.ir.symbols.get(name)
-        if info is None:
-            raise UnsupportedKernelError(f"symbol {name!r} is not a graph-input dim")
-        source = self.ir.inputs[info.input]
-        out = self.node("Shape", [source], start=info.dim, end=info.dim + 1)
-        if info.offset:
-            out = self.node("Sub", [out, self.i64([info.offset])])
-        if info.scale != 1:
-            out = self.node("Div", [out, self.i64([info.scale])])
-        return out
-
-    def expr(self, text: str) -> sympy.Expr:
-        return parse(text, self.sym_names)
-
-    def expr_arg(self, arg: OpArg) -> sympy.Expr:
-        """An integer argument (constant or symbolic) as a sympy expression."""
-        if isinstance(arg, SymArg):
-            return self.expr(arg.sym)
-        if isinstance(arg, ConstArg) and isinstance(arg.const, int) and not isinstance(arg.const, bool):
-            return sympy.Integer(arg.const)
-        raise UnsupportedKernelError(f"expected an integer argument, got {arg.model_dump()}")
-
-    def int1(self, arg: OpArg) -> str:
-        """An integer argument (constant or symbolic) as a [1]-shaped int64 tensor."""
-        if isinstance(arg, SymArg):
-            return self.sym(arg.sym)
-        if isinstance(arg, ConstArg) and isinstance(arg.const, int):
-            return self.i64([arg.const])
-        raise UnsupportedKernelError(f"expected an integer argument, got {arg.model_dump()}")
-
-    def int0(self, arg: OpArg) -> str:
-        """An integer argument (constant or symbolic) as a 0-d int64 tensor."""
-        if isinstance(arg, ConstArg) and isinstance(arg.const, int):
-            return self.constant(int(arg.const), DType.i64, [])
-        return self.scalar_of(self.int1(arg))
-
-    def concat_ints(self, parts: list[str]) -> str:
-        return parts[0] if len(parts) == 1 else self.node("Concat", parts, axis=0)
-
-    def shape(self, value: Union[TensorValue, str]) -> str:
-        """The IR value's (symbolic) shape as a 1-D int64 tensor computed at run time."""
-        value = self.ir.values[value] if isinstance(value, str) else value
-        exprs = [parse(d, self.sym_names) for d in value.shape]
-        if all(e.is_Integer for e in exprs):
-            return self.i64([int(e) for e in exprs])
-        return self._cached(("shape", tuple(exprs)),
-                            lambda: self.concat_ints([self.sym(e) for e in exprs]))
-
-    # --------------------------------------------------------------------- IR values
-    def value_of(self, arg: Union[OpArg, str]) -> TensorValue:
-        name = arg.ref if isinstance(arg, ValueArg) else arg
-        if not isinstance(name, str) or name not in self.ir.values:
-            raise UnsupportedKernelError(f"expected a tensor argument, got {arg!r}")
-        return self.ir.values[name]
-
-    def out(self, op: TorchOp, i: int = 0) -> TensorValue:
-        return self.ir.values[op.outputs[i]]
-
-    def root(self, value: str) -> str:
-        """The tensor owning ``value``'s memory (the IR's ``aliases`` say which ops returned
-        views when torch ran them: a reshape that copied is a root of its own)."""
-        chain = self.chain(value)
-        return chain[-1].aliases[0] if chain else value
-
-    def chain(self, value: str) -> list[TorchOp]:
-        """Aliasing ops from ``value`` up to its root (nearest first)."""
-        ops, seen = [], set()
-        while value in self.producer and value not in seen:
-            op = self.producer[value]
-            if not op.aliases:
-                break
-            seen.add(value)
-            ops.append(op)
-            value = op.aliases[0]
-        return ops
-
-    def tensor(self, arg: Union[OpArg, str]) -> str:
-        """ONNX name of a tensor's contents *now*: the latest root version, views re-derived."""
-        name = arg.ref if isinstance(arg, ValueArg) else arg
-        if not isinstance(name, str):
-            raise UnsupportedKernelError(f"expected a tensor argument, got {arg.model_dump()}")
-        root = self.root(name)
-        if name == root:
-            return self._root_now(root)
-        key = (name, self.version.get(root, 0))
-        if key not in self.views:
-            self._derive(name)
-        return self.views[key]
-
-    def _root_now(self, root: str) -> str:
-        if root not in self.current:
-            raise UnsupportedKernelError(f"value {root!r} is used before it is produced")
-        if self.current[root] is None:  # an allocation read before any kernel wrote it
-            value = self.ir.values[root]
-            scope, self._scope = self._scope, f"{root}.zeros"
-            try:
-                self.current[root] = self.full(self.shape(value), 0, value.dtype)
-            finally:
-                self._scope = scope
-            self.meta[self.current[root]] = value
-        return self.current[root]
-
-    def _derive(self, value: str) -> None:
-        op = self.producer[value]
-        root = self.root(value)
-        version = self.version.get(root, 0)
-        if aten_facts.is_inplace(op.op):  # returns self: the target's contents now
-            names = [self.tensor(op.aliases[0])] * len(op.outputs)
-        else:
-            scope, self._scope = self._scope, f"op{op.order}"
-            start = len(self.nodes)
-            try:
-                names = self.translate(op)
-            except UnsupportedKernelError as exc:
-                raise UnsupportedKernelError(f"torch op {op.op} at position {op.order}: {exc}") from None
-            finally:
-                self._scope = scope
-            names = [self._adopt(n, o if o not in self.taken else f"{o}.v{version}", start, o)
-                     for n, o in zip(names, op.outputs)]
-        for out, name in zip(op.outputs, names):
-            self.views[(out, version)] = name
-
-    def _adopt(self, name: str, desired: str, start: int, value: str) -> str:
-        """Rename a result produced since node ``start`` to ``desired`` (an IR name) if free."""
-        if desired in self.taken or name in self.shared or name in self.current.values():
-            return name
-        hits = [n for n in self.nodes[start:] if name in n.output]
-        if not hits:
-            return name
-        for n in self.nodes[start:]:
-            for field in (n.input, n.output):
-                for i, x in enumerate(field):
-                    if x == name:
-                        field[i] = desired
-        self.taken.add(desired)
-        self.meta[desired] = self.ir.values[value]
-        return desired
 
     def translate(self, op: TorchOp, name: str | None = None) -> list[str]:
         """ONNX names of ``op``'s results computed as ``name`` (default ``op.op``): torchlib's
@@ -493,25 +217,6 @@ class Lowering:
             self.current[out] = self._adopt(name, out, start, out)
             self.version[out] = 0
 
-    def _write_back(self, op: TorchOp, new: str) -> str:
-        """Map the in-place result (in the target's coordinates) back to its root's."""
-        for view in self.chain(op.aliases[0]):
-            if aten_facts.is_inplace(view.op):
-                continue
-            inverse = aten.INVERSE_VIEWS.get(view.op)
-            why = f"no way to write through {view.op} is known"
-            if inverse is not None:
-                try:
-                    new = inverse(self, view, new)
-                    continue
-                except UnsupportedKernelError as exc:
-                    why = str(exc)
-            raise UnsupportedKernelError(
-                f"in-place torch op {op.op} at position {op.order} writes {op.aliases[0]!r}, "
-                f"a view ({view.op}, position {view.order}) of {self.root(op.aliases[0])!r}: "
-                f"{why}; ONNX has no in-place update (write into a full tensor, or use a kernel)")
-        return new
-
     def _placeholder(self, op: TorchOp, exc: KernelLensError) -> list[str]:
         outs = [self.fresh(f"{o}.unsupported") for o in op.outputs] or [self.fresh("unsupported")]
         self.node("Unsupported", [], domain=_UNSUPPORTED_DOMAIN, outputs=outs)
@@ -570,48 +275,6 @@ class Lowering:
                         f"{view.op} (position {view.order}) as another dtype; the kernel would be "
                         f"bound to {root!r}'s memory with {view.op}'s element type (bit casts of "
                         f"kernel arguments are not supported: pass the tensor itself)")
-
-    def _storage_order(self, value: TensorValue) -> list[int] | None:
-        """The dim order in which a static tensor's memory is dense row-major (a transposed
-        weight: strides [1, K] for shape [K, N] gives [1, 0]), or None (not dense in any order,
-        or sizes not all known)."""
-        try:
-            shape = [int(x) for x in value.shape]
-            strides = [int(x) for x in value.strides]
-        except (TypeError, ValueError):
-            return None
-        order = sorted(range(len(shape)), key=lambda d: (-strides[d], d))
-        expected = 1
-        for d in reversed(order):
-            if shape[d] != 1 and strides[d] != expected:
-                return None
-            expected *= shape[d]
-        return order
-
-    def _in_storage_order(self, name: str, value: TensorValue) -> str:
-        """A kernel bound to a weight stored in another dim order reads its memory: the weight's
-        (row-major) initializer transposed to that order has the same bytes as torch's storage."""
-        if value.kind != "constant" or self._dense(value):
-            return name
-        perm = self._storage_order(value)
-        return self._cached(("storage", name, tuple(perm)),
-                            lambda: self.node("Transpose", [name], perm=perm), scope="weights")
-
-    def _dense(self, value: TensorValue) -> bool:
-        expected = sympy.Integer(1)
-        for size, stride in reversed(list(zip(value.shape, value.strides))):
-            s = parse(size, self.sym_names)
-            if s != 1 and not self._equal(parse(stride, self.sym_names), expected):
-                return False
-            expected = expected * s
-        return True
-
-    @staticmethod
-    def _equal(a: sympy.Expr, b: sympy.Expr) -> bool:
-        """Whether two size/stride expressions are equal for every value of the symbols: proven
-        by sympy, never guessed from sample values (unproven counts as unequal: not dense)."""
-        diff = sympy.expand(a - b)
-        return diff == 0 or sympy.simplify(diff) == 0
 
     # --------------------------------------------------------------------- assembly
     def run(self) -> onnx.ModelProto:
