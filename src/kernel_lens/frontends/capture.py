@@ -24,6 +24,7 @@ from triton.runtime.interpreter import InterpretedFunction, InterpreterError
 from ..errors import CaptureError, KernelLensError, UnsupportedKernelError
 from . import arguments, interpreter_casts, launchers, tensor_likes
 from . import triton_compat as tc
+from .libdevice_cpu import libdevice_cpu
 from .interpreter_bounds import checked_memory, tensor_ranges
 from .patching import patched as _patched
 
@@ -217,7 +218,7 @@ def _extern_elementwise(self: Any, lib_name: str, lib_path: str, symbol: str, ar
                                      f"CUDA libdevice; Triton's interpreter cannot run it on the "
                                      f"CPU: capture this model on a GPU")
     try:
-        data = tc.libdevice_cpu(name, [a.data for a in args], interpreter._get_np_dtype(ret_type))
+        data = libdevice_cpu(name, [a.data for a in args], interpreter._get_np_dtype(ret_type))
     except LookupError:
         raise CaptureError(
             f"libdevice.{name} ({symbol}) has no CPU evaluation in kernel_lens, so Triton's "
