@@ -278,3 +278,28 @@ def test_missing_headers_are_reported_before_the_capture(tmp_path):
                            "-o", str(tmp_path / "out")], capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 2
     assert "error: ToolchainError: ORT_INCLUDE_DIR=" in proc.stderr and "capture" not in proc.stderr
+
+
+@pytest.mark.parametrize("flags,api", [
+    (["--target", "ort", "--stop-after", "bogus"], {"targets": ["ort"], "stop_after": "bogus"}),
+    (["--target", "no-such-target"], {"targets": ["no-such-target"]}),
+])
+def test_a_bad_target_or_stage_is_the_same_line_from_the_cli_and_the_api(flags, api, tmp_path, monkeypatch):
+    """Issue 28: target and stage names are checked once (by compile(), before the capture)."""
+    import kernel_lens
+    import kernel_lens.frontends.lift as lift_module
+    from kernel_lens.errors import KernelLensError
+    from kernel_lens.model_file import load_model_file
+
+    proc = kl_run = kl("compile", TOY, "-o", str(tmp_path / "cli"), *flags, check=False)
+    assert proc.returncode == 2
+    cli_line = proc.stderr.strip().splitlines()[-1]
+    monkeypatch.setattr(lift_module, "capture", lambda *a: (_ for _ in ()).throw(AssertionError("capture ran")))
+    mf = load_model_file(TOY)
+    with pytest.raises(KernelLensError) as err:
+        kernel_lens.compile(mf.model, mf.example_inputs, dynamic_shapes=mf.dynamic_shapes,
+                            output_dir=tmp_path / "api", **api)
+    api_line = f"kernel_lens: error: {type(err.value).__name__}: {err.value}"
+    # (the list of installed targets after ';' may differ: other tests register targets here)
+    assert cli_line.split(";")[0] == api_line.split(";")[0] and "; " in cli_line
+    assert "capture" not in kl_run.stderr

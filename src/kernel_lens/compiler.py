@@ -356,10 +356,14 @@ def _target_stage(stop_after: str | None, targets: list[str], pm: PassManager) -
     """``stop_after`` when it names a stage of a requested target (not a pass), else None."""
     if stop_after is None or not targets:
         return None
-    stages = {stage for name in targets for stage in get_target(name).stages}
-    if stop_after not in stages:
+    chosen = [get_target(name) for name in targets]  # an unknown name: its one error, here
+    passes = {p.name for p in pm.order()}
+    lacking = [t for t in chosen if stop_after not in t.stages]
+    if lacking and stop_after not in passes:  # the one check of a stage name (CLI and API)
+        raise lacking[0].no_stage(stop_after)
+    if lacking:
         return None
-    if stop_after in {p.name for p in pm.order()}:
+    if stop_after in passes:
         raise KernelLensError(f"stop_after={stop_after!r} names both a pass and a target stage; "
                               f"rename the pass")
     return stop_after
