@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from .errors import ArtifactError, OutputPathError
-from .fileio import atomic_write, inside, subfolder, umask
+from .fileio import atomic_write, inside, process_alive, subfolder, umask
 
 MANIFEST = "kernel_lens.json"
 MAX_ARTIFACTS = 64  # entries a manifest may name (a compile writes a few per target)
@@ -49,18 +49,8 @@ def _remove_stale_staging(where: Path) -> None:
         if not entry.name.startswith(STAGING_PREFIX) or not entry.is_dir(follow_symlinks=False):
             continue
         pid = entry.name[len(STAGING_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
             shutil.rmtree(entry.path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's process: alive
-        return True
-    return True
 
 
 def _listed(directory: Path) -> set[Path]:
@@ -188,8 +178,6 @@ def _manifest_path(directory: Path, manifest_path: Path, kind: object, rel: obje
         raise ArtifactError(f"{shown(manifest_path)}: artifact {kind!r} ({rel!r}) resolves outside "
                             f"{shown(directory)} (through a link); refusing to open it")
     return path
-
-
 
 
 def read_folder(directory: str | Path) -> tuple[Path, dict[str, Path]]:

@@ -163,3 +163,15 @@ def atomic_copy(src: str | Path, path: str | Path, mode: int = 0o755) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (another user's counts: it cannot be signalled, but it is
+    there), to tell a staging folder a killed process left from one still being written."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True

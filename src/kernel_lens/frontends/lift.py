@@ -34,7 +34,7 @@ from .decompose import decompose, needs_decomposition, tensor_args
 from . import arguments, size_functions, size_pieces
 from .shapes_check import check_dynamic_shapes
 from .source import describe_kernel
-from .trace import LAUNCH_OP, TracedLaunch, trace
+from .trace import LAUNCH_OP, TracedLaunch, is_user_file, located, trace
 
 log = logging.getLogger(__name__)
 
@@ -292,19 +292,13 @@ def _storage_id(t: torch.Tensor) -> int | None:
         return None
 
 
-_LIBRARY_PARTS = ("/torch/", "/triton/", "/kernel_lens/", "<frozen ", "/site-packages/")
-
-
 def user_line(node: torch.fx.Node) -> str | None:
     """Where the user's code made ``node``: the last frame of its stack trace outside torch,
     Triton, kernel_lens and installed packages, as ``file:line: code`` (None when unknown)."""
     trace = node.meta.get("stack_trace") or ""
     frames = re.findall(r'File "([^"]+)", line (\d+), in [^\n]*(?:\n +(\S[^\n]*))?', trace)
-    mine = [f for f in frames if not any(part in f[0] for part in _LIBRARY_PARTS)]
-    if not mine:
-        return None
-    path, line, code = mine[-1]
-    return f"{path}:{line}" + (f": {code.strip()[:120]}" if code else "")
+    mine = [f for f in frames if is_user_file(f[0])]
+    return located(*mine[-1]) if mine else None
 
 
 def _returns_dtype(target: Any) -> bool:

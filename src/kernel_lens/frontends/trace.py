@@ -603,16 +603,25 @@ def _explain(exc: BaseException) -> str:
 _LIBRARY_PARTS = ("/torch/", "/triton/", "/kernel_lens/", "<frozen ", "/site-packages/", "<string>")
 
 
+def is_user_file(filename: str) -> bool:
+    """A frame's file is the user's code: not torch, Triton, kernel_lens, an installed package
+    or generated source."""
+    return not any(part in filename for part in _LIBRARY_PARTS)
+
+
+def located(filename: str, line: object, code: str | None) -> str:
+    """``file:line: code`` as an error names the user's line."""
+    return f"{filename}:{line}" + (f": {code.strip()[:120]}" if code else "")
+
+
 def user_frame(exc: BaseException) -> str | None:
     """The innermost frame of the user's code in ``exc``'s traceback (or a cause's): outside
     torch, Triton, kernel_lens and installed packages, as ``file:line: code``."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        frames = [f for f in traceback.extract_tb(exc.__traceback__)
-                  if not any(part in f.filename for part in _LIBRARY_PARTS)]
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if is_user_file(f.filename)]
         if frames:
-            f = frames[-1]
-            return f"{f.filename}:{f.lineno}" + (f": {f.line.strip()[:120]}" if f.line else "")
+            return located(frames[-1].filename, frames[-1].lineno, frames[-1].line)
         exc = exc.__cause__ or exc.__context__
     return None

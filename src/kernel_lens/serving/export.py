@@ -30,7 +30,7 @@ from google.protobuf import text_encoding
 from pydantic import BaseModel, ConfigDict
 
 from ..errors import ArtifactError, InputError, OutputPathError
-from ..fileio import atomic_copy, atomic_write, ensure_folder, inside, umask
+from ..fileio import atomic_copy, atomic_write, ensure_folder, inside, process_alive, umask
 from ..ir import GraphIR
 from ..onnx.external_data import external_data_files
 from ..version import __version__
@@ -188,20 +188,10 @@ def _remove_stale(where: Path, repository: Path) -> None:
                 info = entry.stat(follow_symlinks=False)
             except (ValueError, OSError):
                 continue
-            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or _alive(pid):
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or process_alive(pid):
                 continue
             log.info("removing %s, left by an export that did not finish", entry.path)
             shutil.rmtree(entry.path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _write_model_dir(repository: Path, name: str, config_text: str, files: dict[str, Path],
