@@ -150,7 +150,7 @@ def test_every_flag_that_changes_the_trace_reaches_it(command, tmp_path, monkeyp
              "--autotune", '{"scaled_add_kernel": {"BLOCK_SIZE": 32}}', "--dynamic",
              "--ptx-version", "8.4", "--cuda-version", "12.4"]
     cli.main([*command, *flags])
-    assert seen["arch"] == 80 and seen["dynamic"] is True and "dynamic_shapes" not in seen
+    assert seen["arch"] == (80,) and seen["dynamic"] is True and "dynamic_shapes" not in seen
     assert seen["roles"] == {"add_kernel": {"out_ptr": "output"}}
     assert seen["autotune"] == {"scaled_add_kernel": {"BLOCK_SIZE": 32}}
     if "none" not in command:  # no pass runs on a bare lift: nothing to lower

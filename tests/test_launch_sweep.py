@@ -33,6 +33,7 @@ import pytest
 import sympy
 
 import kernel_lens as kl
+from kernel_lens.archs import pick_arch
 from kernel_lens.ir import ParamKind
 from kernel_lens.codegen.launch_io import launch_io
 from kernel_lens.ir.symbolic import evaluate, parse
@@ -72,11 +73,13 @@ def fake_driver(tmp_path_factory) -> Path:
 class Model:
     """One corpus model: its IR and a harness built with its generated launches."""
 
-    def __init__(self, stem: str, tmp: Path):
+    device = 90  # the fake GPU's compute capability
+
+    def __init__(self, stem: str, tmp: Path, arch: int | tuple[int, ...] = 90):
         path = next(p for p in corpus_files() if p.stem == stem)
         module = load_module(path)
         inputs = tuple(t.clone() for t in module.example_inputs)
-        self.top = kl.compile(module.model, inputs, dynamic_shapes=module.dynamic_shapes, arch=90,
+        self.top = kl.compile(module.model, inputs, dynamic_shapes=module.dynamic_shapes, arch=arch,
                               roles=getattr(module, "roles", None)).ir
         self.ir = self.top.graphs()[0]
         launches = tmp / "kl_launches.cpp"
@@ -134,7 +137,8 @@ class Model:
         bases = {("in", i): PAGE + (offsets[i] if i < len(offsets) else 0)
                  for i in range(len(io.inputs))}
         bases.update({("out", j): PAGE for j in range(len(io.outputs))})
-        binary = next((b for b in kernel.binaries if b.arch == 90 and holds(b, bases)), None)
+        arch = pick_arch(getattr(self, "top", ir).built_archs(), self.device)
+        binary = next((b for b in kernel.binaries if b.arch == arch and holds(b, bases)), None)
         grid = tuple(evaluate(parse(g, names), values) for g in launch.grid)
         return io, kernel, binary, grid, ints
 
@@ -146,7 +150,7 @@ class Model:
             offsets: list[int], param_sizes: list[int], tmp: Path) -> dict[str, str]:
         spec = tmp / f"spec_{index}.txt"
         index += getattr(self, "offset", 0)  # the launch's number in the library
-        lines = [f"launch {index}", "arch 9 0", f"param_sizes {len(param_sizes)} "
+        lines = [f"launch {index}", f"arch {self.device // 10} {self.device % 10}", f"param_sizes {len(param_sizes)} "
                  + " ".join(map(str, param_sizes))]
         for shape, size, off in zip(shapes, itemsizes, offsets):
             lines.append(f"input {size} {off} {len(shape)} " + " ".join(map(str, shape)))
@@ -183,7 +187,8 @@ def _check_launch(model: Model, fake: Path, index: int, values: dict[str, int], 
     assert out["launches"] == "1", where
     assert out["grid"] == ",".join(map(str, grid)), where
     assert out["block"] == str(32 * binary.num_warps), where
-    assert out["image"] == _cubin_id(binary.cubin), f"{where}: another binary ran"
+    image = _cubin_id(binary.cubin) if binary.arch == model.device else _fnv(binary.ptx.encode())
+    assert out["image"] == image, f"{where}: another binary ran"
     names = list(ir.symbols)
     args = {a.name: a for a in ir.launches[index].args}
     want = b""
@@ -340,7 +345,7 @@ def test_launch_log_names_the_binary_that_ran(fake_driver, tmp_path):
         proc = subprocess.run([str(model.exe), "spec", str(spec)], capture_output=True, text=True,
                               env=env, timeout=60)
         assert proc.returncode == 0, proc.stderr
-        assert f"binary={variant} grid=(" in proc.stderr, proc.stderr
+        assert f"binary={variant} arch=sm_90 grid=(" in proc.stderr, proc.stderr
     env.pop("KERNEL_LENS_LOG_LAUNCHES")
     proc = subprocess.run([str(model.exe), "spec", str(spec)], capture_output=True, text=True,
                           env=env, timeout=60)
@@ -361,3 +366,28 @@ def test_a_dim_that_is_a_multiple_of_its_symbol_is_checked(fake_driver, tmp_path
     assert ("input 0 dim 1 is 193, not of the form the model was compiled for: size must be a "
             "multiple of 2 (dimension s1 = size / 2)") in out["status"], out
     assert out["launches"] == "0" and out["loads"] == "0", out
+
+
+def test_one_artifact_set_for_several_archs_runs_the_devices_binary(fake_driver, tmp_path):
+    # --arch sm_80,sm_90: a binary per arch in one library; the launch runs the device's own
+    # cubin, JIT-compiles the newest portable PTX below a newer device (Triton's sm_90 PTX
+    # targets sm_90a, which runs on sm_90 only), and refuses an older device in one line
+    model = Model("vector_add", tmp_path, arch=(80, 90))
+    kernel = next(iter(model.ir.kernels.values()))
+    assert sorted((b.arch, b.specialized) for b in kernel.binaries) == \
+        [(80, False), (80, True), (90, False), (90, True)]
+    assert model.top.built_archs() == [(80, False), (90, True)]
+    values = {s: 4096 for s in model.ir.symbols}
+    ran = {}
+    for device in (80, 86, 90, 100):
+        model.device = device
+        _check_launch(model, fake_driver, 0, values, tmp_path)
+        ran[device] = model.expected(0, values, [0])[2].arch
+    assert ran == {80: 80, 86: 80, 90: 90, 100: 80}
+    model.device = 75
+    io, *_ = model.expected(0, values, [0])
+    out = model.run(fake_driver, 0, model.shapes(io, values), [4] * len(io.inputs),
+                    [0] * len(io.inputs), [8], tmp_path)
+    assert "built for sm_80, sm_90; this GPU is sm_75, which none of them runs on: compile again " \
+        "with --arch sm_75" in out["status"], out
+    assert out["launches"] == "0" and out["loads"] == "0"

@@ -13,7 +13,7 @@ import time
 import traceback
 
 from . import _gc, progress
-from .archs import parse_arch
+from .archs import parse_archs
 from .errors import ArchError, InputError, KernelLensError, OutputPathError, printable
 from .fileio import check_folder
 from .model_file import load_model_file
@@ -29,9 +29,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"kernel_lens: error: {message} (see {self.prog} --help)\n")
 
 
-def _arch(text: str) -> int:
+def _arch(text: str) -> tuple[int, ...]:
     try:
-        return parse_arch(text)
+        return parse_archs(text)
     except ArchError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -91,7 +91,9 @@ def _check_output(flag: str, text: str) -> None:
 def _front_half_args(p: argparse.ArgumentParser) -> None:
     """Options shared by every command that lifts a model file."""
     p.add_argument("--arch", type=_arch, default=None,
-                   help="GPU arch to compile for (default: the local GPU, else sm_90)")
+                   help="GPU arch(s) to compile for, e.g. sm_90 or sm_80,sm_90 (one artifact set "
+                        "with a binary per arch; the device's is picked at run time). "
+                        "Default: the local GPU's, else sm_90")
     p.add_argument("--roles", default=None,
                    help='override tensor roles: \'{"kernel": {"param": "input"}}\'')
     p.add_argument("--autotune", default=None,

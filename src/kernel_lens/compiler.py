@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+import torch
+
 from . import progress
+from .archs import names as arch_names
 from .errors import ArtifactError, CacheError, InputError, IRError, KernelLensError, OutputPathError
 from .artifact_folder import (move_in, read_folder, read_inside, retract_manifest, shown, staging_folder,
                               write_manifest)
@@ -25,6 +28,7 @@ from .frontends.lift import lift_with_outputs
 from .ir import GraphIR
 from .onnx.lower import supported
 from .passes import PassContext, PassManager, PassTiming, default_pipeline
+from .runtime.signature import check_device
 from .summary import summarize
 from .targets.base import available_targets, get_target
 from .toolchain import cache
@@ -63,7 +67,7 @@ class CompiledModel:
         pieces = f", {len(ir.pieces)} size pieces" if ir.pieces else ""
         where = f", folder={str(self.folder)!r}" if self.folder else ""
         return (f"CompiledModel({ir.name}: {len(ir.inputs)} inputs, {len(ir.outputs)} outputs, "
-                f"{launches} launches of {len(ir.all_kernels())} kernels{pieces}, sm_{ir.arch}, "
+                f"{launches} launches of {len(ir.all_kernels())} kernels{pieces}, {arch_names(a for a, _ in ir.built_archs())}, "
                 f"targets={self.backends()}{where}; .summary() shows all)")
 
     def write(self, directory: str | Path, targets: Iterable[str] = (),
@@ -215,6 +219,8 @@ def load(directory: str | Path, *, cuda_graph: bool = False) -> CompiledModel:
     except (ValueError, RecursionError) as exc:  # anything the validators let through untyped
         raise ArtifactError(f"{shown(artifacts['ir'])} is not a valid IR document "
                             f"({type(exc).__name__}); recompile into the folder") from None
+    if torch.cuda.is_available():  # built for archs this GPU cannot run: said now, in one line
+        check_device(ir, torch.cuda.current_device())
     return CompiledModel(ir, artifacts=artifacts, cuda_graph=cuda_graph, folder=root)
 
 
@@ -307,7 +313,8 @@ def pass_context(options: dict | None = None, *, import_kernels: bool = False) -
 
 
 def compile(model: Callable, example_inputs: Iterable[Any], *, dynamic_shapes: Any = None,
-            arch: int | None = None, roles: dict[str, dict[str, str]] | None = None,
+            arch: int | Iterable[int] | None = None,
+            roles: dict[str, dict[str, str]] | None = None,
             autotune: dict[str, dict] | None = None, pass_manager: PassManager | None = None,
             options: dict | None = None, output_dir: str | Path | None = None,
             targets: Iterable[str] = (), dynamic: bool = False,
@@ -315,6 +322,8 @@ def compile(model: Callable, example_inputs: Iterable[Any], *, dynamic_shapes: A
             dump: Callable[[str, GraphIR], None] | None = None) -> CompiledModel:
     """Lift ``model`` into GraphIR and run the pass pipeline over it.
 
+    ``arch`` is the GPU's compute capability (default: the local GPU's, else 90), or several
+    (``[80, 90]``: a binary per arch in one artifact set; the device's is picked at run time).
     ``dynamic_shapes`` follows torch.export; ``dynamic=True`` instead makes every input dim
     that can vary dynamic (``Dim.AUTO``; the ranges torch settled on are ``ir.symbols``, shown
     by ``summary()``); ``roles`` overrides role inference per kernel

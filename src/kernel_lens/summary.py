@@ -7,6 +7,7 @@ from typing import Iterable
 import sympy
 from sympy.printing.str import StrPrinter
 
+from .archs import names as arch_names
 from .errors import printable
 from .ir import (ConstArg, DTypeValue, GraphIR, JitValue, Launch, ListArg, SymArg, TorchOp,
                  TupleValue, ValueArg, parse)
@@ -107,7 +108,7 @@ def _graph_lines(ir: GraphIR) -> list[str]:
 
 def summarize(ir: GraphIR, timings: Iterable = ()) -> str:
     names = list(ir.symbols)
-    out = [f"graph {ir.name}  (sm_{ir.arch}, IR schema {ir.schema_version})",
+    out = [f"graph {ir.name}  ({arch_names(a for a, _ in ir.built_archs())}, IR schema {ir.schema_version})",
            f"  passes run: {', '.join(ir.passes_run) or '(none)'}"]
     out.append("symbols:")
     for n, s in ir.symbols.items():

@@ -7,7 +7,8 @@ median time of eager and of the compiled model side by side. On a host without o
 cannot run (they launch Triton's cubins): the check is then what can be done there, and the report
 says what was not: the call signature is evaluated at every size set (input checks, the size
 piece chosen, each output's shape and dtype) against the eager run through Triton's interpreter.
-Not done: per-launch comparison (only the model's outputs are compared).
+With ORT artifacts on a GPU, each Triton launch's written tensors are compared too
+(:mod:`kernel_lens.verify_launches`): the first launch that differs is where to look.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .frontends.size_pieces import resized_inputs
 from .ir import GraphIR
 from .model_file import load_model_file
 from .runtime.signature import CallSignature, torch_dtype
+from .verify_launches import LaunchCheck, compare_launches
 
 MAX_SIZE = 4096  # the largest size verify runs by default (a declared max of 2**20 is capped)
 
@@ -52,10 +54,14 @@ class SizeCheck:
     compiled_ms: float | None = None
     problem: str = ""  # the size set could not be checked, or the compiled model failed it
     skipped: bool = False  # eager itself refuses these sizes: nothing to compare against
+    launches: list[LaunchCheck] = field(default_factory=list)  # per Triton launch (GPU, ORT)
+    launch_note: str = ""  # why launches were not compared
 
     @property
     def ok(self) -> bool:
-        return self.skipped or (not self.problem and not any(o.problem for o in self.outputs))
+        return self.skipped or (not self.problem and not any(o.problem for o in self.outputs)
+                                and not any(w.problem.startswith("not within") or w.problem.startswith("not bit")
+                                            for c in self.launches for w in c.written))
 
 
 @dataclass
@@ -86,6 +92,16 @@ class Report:
                           f"{'bit-exact' if o.exact else 'not bit-exact'}")
                 lines.append(f"      {o.name} {list(o.shape)} {o.dtype}: {values}"
                              + (f"  -- {o.problem}" if o.problem else ""))
+            if s.launches:
+                exact = sum(c.exact for c in s.launches)
+                lines.append(f"      launches: {exact} of {len(s.launches)} bit-exact")
+                for c in s.launches:
+                    for w in c.written:
+                        if not w.exact:
+                            detail = w.problem or f"max abs {w.max_abs:.3g}, not bit-exact"
+                            lines.append(f"        launch {c.index} ({c.kernel}) {w.param}: {detail}")
+            elif s.launch_note:
+                lines.append(f"      launches not compared: {s.launch_note}")
         for note in self.not_checked:
             lines.append(f"  not checked: {note}")
         lines.append("result: " + ("ok" if self.ok else "FAILED"))
@@ -162,10 +178,14 @@ def verify(model: Any, example_inputs: tuple, dynamic_shapes: Any, compiled: Com
     device = torch.cuda.get_device_name() if gpu else "CPU (no CUDA GPU)"
     signature = CallSignature(ir, device_type="cuda" if gpu else "cpu")
     sets = []
-    not_checked = ["per-launch results (only the model's outputs are compared)"]
+    not_checked = []
     if not gpu:
-        not_checked.insert(0, "output values and timings: the plugins launch Triton's cubins and "
-                              "need a CUDA GPU; run verify on one")
+        not_checked += ["output values and timings: the plugins launch Triton's cubins and "
+                        "need a CUDA GPU; run verify on one",
+                        "per-launch results (on a GPU, with ORT artifacts)"]
+    elif "ort.onnx" not in compiled.artifacts or "ort.library" not in compiled.artifacts:
+        not_checked.append("per-launch results: they are read through the ORT artifacts, which "
+                           "this folder lacks (compile with --target ort)")
     eager_model = copy.deepcopy(model).cuda() if gpu and isinstance(model, torch.nn.Module) else model
     for sizes in size_sets(ir, cap):
         check = SizeCheck(sizes)
@@ -216,10 +236,31 @@ def verify(model: Any, example_inputs: tuple, dynamic_shapes: Any, compiled: Com
                     out.problem = (f"not within the tolerance rtol={rtol}, atol={atol}" if tolerance
                                    else "not bit-exact (give --rtol/--atol to accept a difference)")
             check.outputs.append(out)
+        if "ort.onnx" in compiled.artifacts and "ort.library" in compiled.artifacts:
+            _check_launches(check, model if not isinstance(model, torch.nn.Module) else eager_model,
+                            inputs, compiled, tolerance)
         copies = [tuple(t.clone() for t in inputs) for _ in range(2)]
         check.eager_ms = _median_ms(lambda: eager_model(*copies[0]), repeats)
         check.compiled_ms = _median_ms(lambda: compiled.run(*copies[1]), repeats)
     return Report(ir.name, device, sets, not_checked)
+
+
+def _check_launches(check: SizeCheck, model: Any, inputs: tuple, compiled: CompiledModel,
+                    tolerance: tuple[float, float] | None) -> None:
+    """Each launch's written tensors, eager against compiled (see :mod:`.verify_launches`)."""
+    try:
+        check.launches, check.launch_note = compare_launches(
+            model, inputs, compiled.ir, compiled.artifacts["ort.onnx"],
+            compiled.artifacts["ort.library"], inputs[0].device.index or 0)
+    except Exception as exc:  # noqa: BLE001 - the outputs' verdict stands; say why not compared
+        check.launch_note = f"{type(exc).__name__}: {str(exc)[:300]}"
+        return
+    rtol, atol = tolerance or (0.0, 0.0)
+    for c in check.launches:
+        for w in c.written:
+            if w.exact is False and not (tolerance and w.max_abs is not None and w.max_abs <= atol):
+                w.problem = f"max abs {w.max_abs:.3g}, " + (f"not within atol={atol}" if tolerance
+                                                            else "not bit-exact")
 
 
 def verify_file(path: str, artifacts: str | None = None, *, cap: int = MAX_SIZE,

@@ -64,6 +64,14 @@ class CapturedLaunches(list):
         super().__init__(launches)
         self.warmups: list[Warmup] = list(warmups)
         self.launchers = launchers.LauncherLog()  # library launchers and custom ops seen
+        self.after_launch: Callable[[CapturedLaunch], None] | None = None
+
+    def append(self, launch: CapturedLaunch) -> None:
+        """Record ``launch`` (it has just run) and hand it to ``after_launch``, if set: what
+        ``kernel_lens verify`` reads each launch's results with."""
+        super().append(launch)
+        if self.after_launch is not None:
+            self.after_launch(launch)
 
 
 @dataclass
@@ -592,13 +600,16 @@ def _forward_failure(exc: BaseException, native: bool) -> CaptureError:
 
 
 def capture(model: Callable, example_inputs: tuple, arch: int,
-            autotune: dict[str, dict] | None = None) -> Capture:
-    """Run ``model(*example_inputs)`` once, recording every Triton launch in program order."""
+            autotune: dict[str, dict] | None = None,
+            after_launch: Callable[[CapturedLaunch], None] | None = None) -> Capture:
+    """Run ``model(*example_inputs)`` once, recording every Triton launch in program order
+    (``after_launch`` is called with each right after it ran)."""
     devices = _devices(example_inputs)
     native = "cuda" in devices
     if native and devices != {"cuda"}:
         raise CaptureError(f"example inputs mix devices {devices}; put them all on one device")
     recorder = _Recorder(arch, native, autotune)
+    recorder.launches.after_launch = after_launch
     launcher_log = launchers.LauncherLog()
     with recording(recorder), launchers.capturing(launcher_log, recorder.launches), \
             torch.no_grad():

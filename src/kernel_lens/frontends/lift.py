@@ -11,13 +11,13 @@ import logging
 import math
 import operator
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import sympy
 import torch
 from torch.export.graph_signature import InputKind
 
-from ..archs import check_arch
+from ..archs import check_archs
 from .. import progress
 from ..errors import (DynamicConstexprError, InputError, SymbolicError, TraceError,
                       UnsupportedKernelError)
@@ -587,7 +587,8 @@ def _make_static(model: Callable, shapes: tuple, dims: list[tuple[str, int]]) ->
 
 
 def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes: Any = None,
-                      arch: int | None = None, roles: dict[str, dict[str, str]] | None = None,
+                      arch: int | Iterable[int] | None = None,
+                      roles: dict[str, dict[str, str]] | None = None,
                       autotune: dict[str, dict] | None = None,
                       name: str | None = None, dynamic: bool = False,
                       translatable: Callable[[str], bool] | None = None) -> tuple[GraphIR, Any]:
@@ -602,7 +603,10 @@ def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes:
     ``dynamic_shapes``; the ranges torch settled on are logged and are the IR's ``symbols``.
 
     A forward whose Python code branches on a size inside the declared range is lifted piece by
-    piece (:mod:`.size_pieces`): the result then has ``pieces``, one graph per part of the range."""
+    piece (:mod:`.size_pieces`): the result then has ``pieces``, one graph per part of the range.
+
+    ``arch`` is one compute capability or several (``[80, 90]``): every kernel gets binaries for
+    each; the capture runs for the first (the IR's ``arch``)."""
     example_inputs = check_example_inputs(example_inputs)
     if dynamic and dynamic_shapes is not None:
         raise InputError("pass either dynamic=True or dynamic_shapes, not both (dynamic=True "
@@ -611,14 +615,14 @@ def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes:
         dynamic_shapes = auto_dynamic_shapes(example_inputs)
     else:
         check_dynamic_shapes(model, example_inputs, dynamic_shapes)  # before any work
-    arch = check_arch(default_arch() if arch is None else arch)
+    archs = check_archs(default_arch() if arch is None else arch)
     roles = check_roles(roles)
     if not callable(model):
         raise InputError(f"model must be a torch.nn.Module or a callable, got {type(model).__name__}")
     display = name or getattr(model, "__name__", None) or type(model).__name__
 
     def lift_one(inputs: tuple, shapes: Any) -> tuple[GraphIR, Any]:
-        return _lift_graph(model, inputs, shapes, arch=arch, roles=roles, autotune=autotune,
+        return _lift_graph(model, inputs, shapes, archs=archs, roles=roles, autotune=autotune,
                            display=display, dynamic=dynamic, translatable=translatable)
 
     ir, outputs = size_pieces.lift_in_pieces(lift_one, tuple(example_inputs), dynamic_shapes,
@@ -639,12 +643,13 @@ def _input_names(model: Callable, count: int) -> list[str]:
     return [names[i] if i < len(names) else f"args[{i}]" for i in range(count)]
 
 
-def _lift_graph(model: Callable, example_inputs: tuple, dynamic_shapes: Any, *, arch: int,
+def _lift_graph(model: Callable, example_inputs: tuple, dynamic_shapes: Any, *,
+                archs: tuple[int, ...],
                 roles: dict, autotune: dict | None, display: str, dynamic: bool,
                 translatable: Callable[[str], bool] | None) -> tuple[GraphIR, Any]:
     """Capture, trace and AOT-compile one graph (see :func:`lift_with_outputs`)."""
     with progress.stage("capture"):  # the eager run that records the Triton launches
-        captured = capture(model, tuple(example_inputs), arch, autotune)
+        captured = capture(model, tuple(example_inputs), archs[0], autotune)
     while True:
         try:
             with progress.stage("trace"):  # torch.export
@@ -667,9 +672,10 @@ def _lift_graph(model: Callable, example_inputs: tuple, dynamic_shapes: Any, *, 
                             dynamic_shapes, variants, translatable)
     inputs, outputs = builder.build()
     for kernel in kernels.values():
-        kernel.binaries.append(compile_binary(kernel, arch, kernel.specialization, specialized=True))
+        for arch in archs:
+            kernel.binaries.append(compile_binary(kernel, arch, kernel.specialization, specialized=True))
     ir = GraphIR(
-        name=safe_identifier(display), display_name=str(display)[:512], arch=arch, symbols=builder.syms.table, inputs=inputs,
+        name=safe_identifier(display), display_name=str(display)[:512], arch=archs[0], symbols=builder.syms.table, inputs=inputs,
         outputs=outputs, values=builder.values, constants=builder.constants, ops=builder.ops,
         launches=builder.launches, kernels=kernels,
     )

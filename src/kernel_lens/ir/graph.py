@@ -12,6 +12,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ..archs import names as arch_names
 from ..errors import IRError, SymbolicError
 from ..fileio import atomic_write
 from .kernel import Base64Bytes, ConstexprValue, KernelIR
@@ -208,7 +209,8 @@ class GraphIR(_Model):
     display_name: str = Field(default="", max_length=4 * MAX_NAME,
                               description="the model's own name as the user wrote it (display only; "
                               "never used in a path, C++ or ONNX)")
-    arch: int = Field(description="compute capability the kernels were compiled for")
+    arch: int = Field(description="compute capability the capture ran for; the kernels' binaries "
+                      "are built for it and for any further archs asked for (see built_archs)")
     symbols: dict[Identifier, SymbolInfo] = Field(
         default_factory=dict, max_length=MAX_SYMBOLS,
         description="dimension symbol -> which graph input and dim it is")
@@ -265,6 +267,33 @@ class GraphIR(_Model):
                     raise ValueError(f"kernel id {kid!r} is used by pieces {owners[kid]} and {k}; "
                                      f"kernel ids are unique across pieces")
         return self
+
+    @model_validator(mode="after")
+    def _archs_are_consistent(self) -> "GraphIR":
+        """Every kernel is built for the same archs, ``arch`` among them: the launch code picks
+        one arch for the device and runs that arch's binaries only."""
+        built = {kid: sorted({b.arch for b in k.binaries}) for kid, k in self.all_kernels().items()
+                 if k.binaries}
+        for kid, archs in built.items():
+            first, want = next(iter(built.items()))
+            if archs != want:
+                raise ValueError(f"kernel {kid!r} has binaries for {arch_names(archs)} but kernel "
+                                 f"{first!r} for {arch_names(want)}; every kernel is built for the "
+                                 f"same archs")
+            if self.arch not in archs:
+                raise ValueError(f"arch is sm_{self.arch} but kernel {kid!r} has binaries for "
+                                 f"{arch_names(archs)} only")
+        return self
+
+    def built_archs(self) -> list[tuple[int, bool]]:
+        """The archs the kernels are built for, ascending, each with whether it runs on exactly
+        that arch (a binary's PTX targets its ``a`` variant) or also, JIT-compiled from PTX, on
+        later ones (the input of :func:`kernel_lens.archs.pick_arch`)."""
+        specific: dict[int, bool] = {}
+        for kernel in self.all_kernels().values():
+            for b in kernel.binaries:
+                specific[b.arch] = specific.get(b.arch, False) or b.arch_specific
+        return sorted(specific.items()) or [(self.arch, False)]
 
     def graphs(self) -> list["GraphIR"]:
         """The graphs that run: this one, or each piece's."""

@@ -231,6 +231,11 @@ class KernelBinary(_Model):
         "takes it as a TMA descriptor; None: each is passed as base pointer, shape and strides")
     triton_version: str
 
+    @property
+    def arch_specific(self) -> bool:
+        """Its PTX targets an ``a`` variant (``sm_90a``): it runs on exactly ``arch``."""
+        return f".target sm_{self.arch}a" in self.ptx
+
 
 class KernelIR(_Model):
     """A Triton kernel specialization: signature, roles, options and its compiled binaries."""

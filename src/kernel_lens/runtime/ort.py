@@ -45,7 +45,7 @@ from ..ir import GraphIR
 from ..onnx.aliasing import MUTATED_PREFIX, in_place_inputs
 from ..onnx.context import onnx_dtype
 from .cuda_graph import host_dependencies
-from .signature import CallSignature, Shape
+from .signature import CallSignature, Shape, check_device
 
 GRAPH_MODES = ("torch", "ort")
 DEFAULT_GRAPH_MODE = "torch"  # what cuda_graph=True picks (benchmarks/bench_decode.py measured both)
@@ -186,6 +186,7 @@ class OrtModel:
                        "has_user_compute_stream": "1", "user_compute_stream": str(stream)}
             if self.graph_mode == "ort":
                 options["enable_cuda_graph"] = "1"
+            check_device(self.ir, index)  # no binary for this GPU's arch: one line, before ORT
             try:
                 session = self._ort.InferenceSession(
                     self.onnx_path, so, providers=[("CUDAExecutionProvider", options)])

@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from ..archs import check_device as check_device_arch
 from ..errors import InputError
 from ..ir import DType, GraphIR, parse
 from ..ir.types import torch_name
@@ -57,6 +58,14 @@ class CallSymbol:
     offset: int
     min: int
     max: int | None
+
+
+def check_device(ir: GraphIR, index: int) -> int:
+    """The arch of ``ir``'s binaries that CUDA device ``index`` runs (see
+    :func:`kernel_lens.archs.pick_arch`), or :class:`~kernel_lens.errors.ArchError` in one line
+    when it runs none of them."""
+    major, minor = torch.cuda.get_device_capability(index)
+    return check_device_arch(ir.built_archs(), major * 10 + minor, f"model {ir.name}")
 
 
 class PieceValues(list):

@@ -30,7 +30,7 @@ from ..errors import KernelLensError
 from ..fileio import inside
 from ..ir import GraphIR
 from ..toolchain import cache
-from .signature import CallSignature
+from .signature import CallSignature, check_device
 
 # The Python packages that provide TensorRT's builder API, in the order they are tried:
 # TensorRT itself, then TensorRT-RTX (``tensorrt_rtx``; its PyPI bindings wheel imports as
@@ -164,6 +164,7 @@ class TrtModel:
         """The execution context on device ``index`` (its engine deserialized there once)."""
         if index in self._contexts:
             return self._contexts[index][1]
+        check_device(self.ir, index)
         path, data = self._engine()  # the bytes checked, not the file read again
         engine = self.trt.Runtime(self._logger).deserialize_cuda_engine(data)
         if engine is None:

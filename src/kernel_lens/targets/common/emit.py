@@ -14,6 +14,7 @@ from pathlib import Path
 import jinja2
 import sympy
 
+from ...archs import names as arch_names
 from ...codegen.cxx import to_cxx
 from ...codegen.plan import ModelPlan, build_plan
 from ...errors import SymbolicError, UnsupportedKernelError
@@ -132,4 +133,5 @@ def render_launches(ir: GraphIR, plan: ModelPlan | None = None) -> str:
     kernels = ir.all_kernels()
     binaries = {kid: [(b, kernels[kid].binaries[b.index]) for b in plans]
                 for kid, plans in plan.kernels.items()}
-    return env.get_template("launches.cpp.j2").render(plan=plan, binaries=binaries)
+    archs = arch_names(a for a, _ in ir.built_archs())
+    return env.get_template("launches.cpp.j2").render(plan=plan, binaries=binaries, archs=archs)

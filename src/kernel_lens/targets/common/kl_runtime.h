@@ -10,6 +10,7 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -167,6 +168,39 @@ struct Binary {
   size_t profile_scratch_size;
   const char* variant = "";    // "specialized" or "generic": which assumptions it was built under
 };
+
+// The compute capability (major * 10 + minor) of the current context's device, read once per
+// device.
+inline Status device_cc(const Driver& d, int* cc) {
+  static std::atomic<int> known[128] = {};  // by device ordinal; 0: not read yet
+  CUdevice dev = 0;
+  KL_CHECK(d, d.cuCtxGetDevice(&dev), "cuCtxGetDevice");
+  const bool cached = dev >= 0 && dev < 128;
+  if (cached && (*cc = known[dev].load(std::memory_order_relaxed)) != 0) return {};
+  int major = 0, minor = 0;
+  KL_CHECK(d, d.cuDeviceGetAttribute(&major, kAttrComputeCapabilityMajor, dev), "cuDeviceGetAttribute");
+  KL_CHECK(d, d.cuDeviceGetAttribute(&minor, kAttrComputeCapabilityMinor, dev), "cuDeviceGetAttribute");
+  *cc = major * 10 + minor;
+  if (cached) known[dev].store(*cc, std::memory_order_relaxed);
+  return {};
+}
+
+// Which of a kernel's built archs a `cc` device runs (kernel_lens.archs.pick_arch is the same
+// rule): the exact arch (its cubin), else the newest below `cc` whose PTX the driver can compile
+// for it (not an 'a' target); -1 when none.
+inline int pick_arch(std::initializer_list<const Binary*> binaries, int cc) {
+  for (const Binary* b : binaries)
+    if (b->arch == cc) return cc;
+  int best = -1;
+  for (const Binary* b : binaries) {
+    if (b->arch >= cc || b->arch <= best) continue;
+    bool portable = true;  // every binary of that arch has PTX the driver may compile for cc
+    for (const Binary* o : binaries)
+      if (o->arch == b->arch && (o->arch_specific || o->ptx == nullptr)) portable = false;
+    if (portable) best = b->arch;
+  }
+  return best;
+}
 
 // KERNEL_LENS_LOG_LAUNCHES=1: one line per launch on stderr (kernel, binary variant, grid), to
 // see which binary a call ran (e.g. the generic one for misaligned inputs). Read once.
@@ -457,7 +491,8 @@ inline Status launch(const Driver& d, LaunchContext& ctx, const Binary& b, int64
   params.push_back(&global_scratch);
   params.push_back(&profile_scratch);
   if (log_launches())
-    std::fprintf(stderr, "kernel_lens: launch %s binary=%s grid=%s\n", b.kernel, b.variant, grid.c_str());
+    std::fprintf(stderr, "kernel_lens: launch %s binary=%s arch=sm_%d grid=%s\n", b.kernel, b.variant, b.arch,
+                 grid.c_str());
   KL_CHECK(d, d.cuLaunchKernel(fn, static_cast<unsigned>(blocks_x), static_cast<unsigned>(gy),
                                static_cast<unsigned>(gz), 32 * b.num_warps, 1, 1, b.shared, ctx.stream(),
                                params.data(), nullptr),

@@ -1,0 +1,166 @@
+"""Per-launch comparison for ``kernel_lens verify`` (on a GPU, ORT artifacts): what each Triton
+launch wrote, eager against compiled, as Polygraphy's ``--onnx-outputs mark all`` does for
+TensorRT.
+
+Eager: the model runs once more under the capture, and each launch's written tensors are copied
+right after it ran. Compiled: the folder's ONNX graph with every launch node's outputs added as
+graph outputs, run by ONNX Runtime's CUDA EP with the folder's plugin library. Launch ``i`` of
+the IR is the ``i``-th launch of the eager run (the capture made the IR in that order); a node's
+output is the whole root tensor its kernel wrote, which is viewed as the kernel's argument was
+(shape, strides, offset) before comparing.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnx
+import torch
+
+from .codegen.launch_io import launch_io
+from .frontends.capture import CapturedLaunch, capture
+from .ir import GraphIR
+from .ir.symbolic import evaluate, parse
+from .ir.types import dtype_from_torch
+from .onnx.context import DOMAIN, onnx_dtype
+from .runtime.signature import CallSignature, torch_dtype
+
+
+@dataclass
+class WrittenCheck:
+    param: str
+    exact: bool | None = None
+    max_abs: float | None = None
+    problem: str = ""
+
+
+@dataclass
+class LaunchCheck:
+    index: int
+    kernel: str
+    written: list[WrittenCheck] = field(default_factory=list)
+
+    @property
+    def exact(self) -> bool:
+        return all(w.exact for w in self.written)
+
+
+def _written_params(ir: GraphIR) -> list[list[tuple[str, int]]]:
+    """Per launch of ``ir``: (kernel parameter, node output index) of each tensor it writes."""
+    out = []
+    for launch in ir.launches:
+        io = launch_io(ir, launch, f"__{launch.order}")
+        out.append([(p, j) for p, (kind, j) in io.bindings.items() if kind == "out"])
+    return out
+
+
+def eager_launch_results(model: Any, inputs: tuple, ir: GraphIR) -> tuple[list[str], list[dict]]:
+    """Kernel names of the eager run's launches, and per launch a copy of each tensor the IR's
+    launch of that index writes, taken right after it ran."""
+    written = _written_params(ir)
+    names: list[str] = []
+    copies: list[dict[str, torch.Tensor]] = []
+
+    def after(launch: CapturedLaunch) -> None:
+        i = len(names)
+        names.append(launch.jit.__name__ if hasattr(launch.jit, "__name__") else str(launch.jit))
+        params = dict(written[i]) if i < len(written) else {}
+        copies.append({p: launch.params[p].clone() for p in params
+                       if isinstance(launch.params.get(p), torch.Tensor)})
+
+    capture(model, inputs, ir.arch, after_launch=after)
+    return names, copies
+
+
+def compiled_launch_results(ir: GraphIR, onnx_path: Path, library: Path, inputs: tuple,
+                            device: int) -> list[list[torch.Tensor]]:
+    """Per launch, its node's outputs (the written roots), from ORT's CUDA EP."""
+    import onnxruntime as ort  # lazy: only a GPU run with ORT artifacts needs it
+
+    model = onnx.load(str(onnx_path))
+    graph = model.graph
+    nodes: dict[int, list[str]] = {}
+    for node in graph.node:
+        if node.domain == DOMAIN:
+            nodes[next(a.i for a in node.attribute if a.name == "launch")] = list(node.output)
+    names = list(ir.symbols)
+    sizes = dict(zip(names, CallSignature(ir).symbol_values(list(inputs))))
+    have = {o.name for o in graph.output}
+    marked: dict[str, torch.Tensor] = {}
+    for i, launch in enumerate(ir.launches):
+        io = launch_io(ir, launch, f"__{launch.order}")
+        for (value, _), name in zip(io.outputs, nodes.get(i, [])):
+            info = ir.values[value]
+            if name not in have:
+                graph.output.append(onnx.helper.make_tensor_value_info(name, onnx_dtype(info.dtype), None))
+                have.add(name)
+            shape = [evaluate(parse(d, names), sizes) for d in info.shape]
+            marked[name] = torch.empty(shape, dtype=torch_dtype(info.dtype), device=f"cuda:{device}")
+    with tempfile.TemporaryDirectory(prefix="kl_verify_") as tmp:
+        path = Path(tmp) / "marked.onnx"
+        onnx.save(model, str(path), save_as_external_data=True, location="marked.data")
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        so.register_custom_ops_library(str(library))
+        session = ort.InferenceSession(str(path), so, providers=[
+            ("CUDAExecutionProvider", {"device_id": str(device)})])
+        binding = session.io_binding()
+        for name, t in zip(ir.inputs, inputs):
+            t = t.contiguous()
+            binding.bind_input(name, "cuda", device, onnx_dtype(ir.values[name].dtype),
+                               tuple(t.shape), t.data_ptr())
+        for out in session.get_outputs():
+            t = marked.get(out.name)
+            if t is None:
+                binding.bind_output(out.name, "cuda", device)  # ORT allocates the model's outputs
+            else:
+                binding.bind_output(out.name, "cuda", device, onnx_dtype(_ir_dtype(t)),
+                                    tuple(t.shape), t.data_ptr())
+        torch.cuda.synchronize(device)
+        session.run_with_iobinding(binding)
+    return [[marked[n] for n in nodes.get(i, [])] for i in range(len(ir.launches))]
+
+
+def _ir_dtype(t: torch.Tensor):
+    return dtype_from_torch(t.dtype)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def compare_launches(model: Any, inputs: tuple, ir: GraphIR, onnx_path: Path, library: Path,
+                     device: int) -> tuple[list[LaunchCheck], str]:
+    """Each launch's written tensors, eager against compiled; the second item says why no
+    comparison was made (empty when it was)."""
+    if ir.pieces:
+        return [], "per-launch results of a model split by size (its launches are in If branches)"
+    names, eager = eager_launch_results(model, tuple(t.clone() for t in inputs), ir)
+    if len(names) != len(ir.launches):
+        return [], (f"per-launch results: the eager run made {len(names)} launches, the IR has "
+                    f"{len(ir.launches)} (a launch the trace folded or split)")
+    compiled = compiled_launch_results(ir, onnx_path, library, inputs, device)
+    checks = []
+    for i, (launch, want, got) in enumerate(zip(ir.launches, eager, compiled)):
+        check = LaunchCheck(i, ir.kernels[launch.kernel].name)
+        for param, j in _written_params(ir)[i]:
+            w = want.get(param)
+            c = WrittenCheck(param)
+            check.written.append(c)
+            if w is None or j >= len(got):
+                c.problem = "not compared (not a plain tensor argument)"
+                continue
+            root = got[j].to(w.device).reshape(-1)
+            extent = w.storage_offset() + sum((s - 1) * st for s, st in zip(w.shape, w.stride())) + 1
+            if root.dtype != w.dtype or (w.numel() and extent > root.numel()):
+                c.problem = "not compared (the node's output is laid out unlike the argument)"
+                continue
+            view = root.as_strided(w.shape, w.stride(), w.storage_offset()) if w.numel() else w
+            c.exact = bool(torch.equal(_bytes(view), _bytes(w)))
+            diff = (view.double() - w.double()).abs().nan_to_num(nan=float("inf"))
+            c.max_abs = float(diff.max()) if diff.numel() else 0.0
+        checks.append(check)
+    return checks, ""
