@@ -65,7 +65,8 @@ def test_one_artifact_set_for_sm80_and_sm90_runs_the_sm90_binary_bit_exact(tmp_p
         kl.compile(module.model, inputs, dynamic_shapes=module.dynamic_shapes, arch=archs,
                    output_dir=folder, targets=["ort"])
         probe = (f"import sys, torch; sys.path.insert(0, 'tests'); import kernel_lens as kl; "
-                 f"from conftest import load_module; m = load_module({str(EXAMPLES / 'toy_two_kernels.py')!r}); "
+                 f"from pathlib import Path; from conftest import load_module; "
+                 f"m = load_module(Path({str(EXAMPLES / 'toy_two_kernels.py')!r})); "
                  f"x = tuple(t.cuda() for t in m.example_inputs); "
                  f"got = kl.load({str(folder)!r}).run(*x); want = m.model.cuda()(*x); "
                  f"print('EXACT', torch.equal(got, want))")
