@@ -15,6 +15,7 @@ import kernel_lens as kl
 from kernel_lens import artifact_folder
 from kernel_lens.compiler import CompiledModel
 from kernel_lens.errors import ArtifactError
+from kernel_lens.targets.base import Stage
 from kernel_lens.targets.ort.target import OrtTarget
 
 from conftest import EXAMPLES, model_ir
@@ -57,7 +58,8 @@ def test_an_interrupted_compile_leaves_the_earlier_build(point, toy_ir, tmp_path
             os.replace(src, dst)
         monkeypatch.setattr(artifact_folder, "os", types.SimpleNamespace(**{**vars(os), "replace": replace}))
     else:
-        monkeypatch.setattr(OrtTarget, f"stage_{point}", _interrupt)
+        monkeypatch.setattr(OrtTarget, "stage_table", tuple(
+            Stage(row.name, _interrupt) if row.name == point else row for row in OrtTarget.stage_table))
     with pytest.raises(KeyboardInterrupt):
         CompiledModel(toy_ir).write(out, ["ort"])
     monkeypatch.undo()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 
 import pytest
+
+from kernel_lens.toolchain import compilers
 import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
@@ -194,7 +196,9 @@ def test_skipping_the_proof_is_explicit(fence_ptx90, tmp_path):
 
 def test_ptxas_not_found(ptx90, monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.delenv("CUDA_HOME", raising=False)
+    for var in ("CUDA_HOME", "CUDA_PATH", "KERNEL_LENS_NVCC"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(compilers, "DEFAULT_CUDA_HOMES", ())
     with pytest.raises(PtxIsaError, match="PATH.*CUDA_HOME"):
         clamp_ptx_version(ptx90, (8, 0))
     with pytest.raises(PtxIsaError, match="nonexistent"):
@@ -234,7 +238,35 @@ def test_ptxas_is_found_beside_the_real_location_of_a_linked_nvcc(monkeypatch, t
     path.mkdir()
     (path / "nvcc").symlink_to(toolkit / "nvcc")
     monkeypatch.setenv("PATH", str(path))
-    monkeypatch.delenv("CUDA_HOME", raising=False)
+    for var in ("CUDA_HOME", "CUDA_PATH", "KERNEL_LENS_NVCC"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(compilers, "DEFAULT_CUDA_HOMES", ())  # this host's /usr/local/cuda aside
     assert find_ptxas() == str(toolkit / "ptxas")
     (toolkit / "ptxas").unlink()
     assert find_ptxas() is None
+
+
+def test_every_cuda_program_is_found_by_one_lookup(monkeypatch, tmp_path):
+    # nvcc and ptxas follow the same order: $CUDA_HOME/bin before PATH, then beside nvcc, then
+    # the default toolkit folder; KERNEL_LENS_NVCC's folder is searched for ptxas too
+    home, elsewhere, named = tmp_path / "home" / "bin", tmp_path / "path", tmp_path / "named"
+    for folder in (home, elsewhere, named):
+        folder.mkdir(parents=True)
+        for tool in ("nvcc", "ptxas"):
+            (folder / tool).write_text("#!/bin/sh\n")
+            (folder / tool).chmod(0o755)
+    monkeypatch.setattr(compilers, "DEFAULT_CUDA_HOMES", ())
+    monkeypatch.setenv("PATH", str(elsewhere))
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.delenv("KERNEL_LENS_NVCC", raising=False)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "home"))
+    assert find_ptxas() == str(home / "ptxas") and compilers.find_nvcc() == str(home / "nvcc")
+    monkeypatch.delenv("CUDA_HOME")
+    assert find_ptxas() == str(elsewhere / "ptxas") and compilers.find_nvcc() == str(elsewhere / "nvcc")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setenv("KERNEL_LENS_NVCC", str(named / "nvcc"))
+    assert find_ptxas() == str(named / "ptxas") and compilers.find_nvcc() == str(named / "nvcc")
+    monkeypatch.delenv("KERNEL_LENS_NVCC")
+    assert find_ptxas() is None and compilers.find_nvcc() is None
+    monkeypatch.setattr(compilers, "DEFAULT_CUDA_HOMES", (str(tmp_path / "home"),))
+    assert find_ptxas() == str(home / "ptxas") and compilers.find_nvcc() == str(home / "nvcc")

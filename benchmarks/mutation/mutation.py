@@ -39,9 +39,66 @@ def _all() -> dict[str, int | None]:
     return codes
 
 
-def sample(n: int, seed: int = 0) -> list[str]:
+def sample(n: int, seed: int = 0, since: str | None = None) -> list[str]:
+    """``n`` mutants drawn uniformly (``seed``); with ``since`` (a date or commit) only from
+    functions with a line added or changed since then (``git diff`` of the sources)."""
     names = sorted(_all())
+    if since is not None:
+        touched = _touched_functions(since)
+        names = [m for m in names if _function_of(m) in touched]
     return sorted(random.Random(seed).sample(names, min(n, len(names))))
+
+
+def _function_of(name: str) -> tuple[str, str]:
+    """mutmut's ``pkg.mod.xǁClassǁmethod__mutmut_3`` / ``pkg.mod.x_func__mutmut_3`` ->
+    (module, 'Class.method' / 'func')."""
+    module, _, rest = name.partition(".x")
+    rest = rest.rsplit("__mutmut_", 1)[0]
+    if rest.startswith("ǁ"):
+        return module, ".".join(p for p in rest.split("ǁ") if p)
+    return module, rest.removeprefix("_")
+
+
+def _touched_functions(since: str) -> set[tuple[str, str]]:
+    """(module, qualified function) of every function of src/ with an added line since ``since``."""
+    import ast
+    import re
+
+    base = since
+    if re.fullmatch(r"\d{4}-\d{2}-\d{2}", since):  # a date: the last commit before it
+        base = subprocess.run(["git", "rev-list", "-1", f"--before={since} 00:00", "HEAD"], cwd=ROOT,
+                              capture_output=True, text=True, check=True).stdout.strip()
+    diff = subprocess.run(["git", "diff", "-U0", base, "HEAD", "--", "src"], cwd=ROOT,
+                          capture_output=True, text=True, check=True).stdout
+    added: dict[str, set[int]] = {}
+    path = None
+    for line in diff.splitlines():
+        if line.startswith("+++ "):
+            path = line[6:] if line.startswith("+++ b/") else None
+        elif line.startswith("@@") and path and path.endswith(".py"):
+            m = re.search(r"\+(\d+)(?:,(\d+))?", line)
+            start, count = int(m.group(1)), int(m.group(2) or 1)
+            added.setdefault(path, set()).update(range(start, start + count))
+    touched = set()
+    for path, lines in added.items():
+        module = path.removeprefix("src/").removesuffix(".py").replace("/", ".").removesuffix(".__init__")
+        tree = ast.parse((ROOT / path).read_text())
+        for node, owner in _functions(tree):
+            if lines & set(range(node.lineno, node.end_lineno + 1)):
+                touched.add((module, f"{owner}.{node.name}" if owner else node.name))
+    return touched
+
+
+def _functions(tree):
+    import ast
+
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node, ""
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    yield item, node.name
 
 
 def _status(code: int | None) -> str:
@@ -112,8 +169,11 @@ def collect(names_file: Path) -> dict:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "sample":
-        print("\n".join(sample(int(sys.argv[2]))))
+    if sys.argv[1] == "sample":  # sample N [SEED] [--since DATE|COMMIT]
+        args = sys.argv[2:]
+        since = args[args.index("--since") + 1] if "--since" in args else None
+        plain = [a for i, a in enumerate(args) if a != "--since" and (i == 0 or args[i - 1] != "--since")]
+        print("\n".join(sample(int(plain[0]), int(plain[1]) if len(plain) > 1 else 0, since)))
     elif sys.argv[1] == "collect":
         result = collect(Path(sys.argv[2]))
         (HERE / "results.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -10,6 +10,7 @@ in-process (notebooks, tests).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Protocol, Sequence
@@ -86,14 +87,53 @@ class Target(ABC):
                               f"kernel_lens; use them with the tool they are for")
 
 
+@dataclass
+class BuildState:
+    """What a :class:`StagedTarget`'s stages hand on to the next. A target subclasses it with
+    typed fields of its own (its ``state_type``); ``final`` is True for the last stage that runs,
+    which then writes what it would otherwise only hand on (``emit``: its C++ sources)."""
+
+    final: bool = False
+
+
+#: A stage's work: (target, ir, out_dir, state) -> the artifacts it wrote, by kind.
+StageFn = Callable[[Any, GraphIR, Path, Any], dict[str, Path]]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One row of a target's stage table: its name and the function that runs it."""
+
+    name: str
+    run: StageFn
+
+
 class StagedTarget(Target):
-    """A target built in named stages: a method ``stage_<name>(ir, out_dir, state)`` per stage,
-    run in order on a shared ``state`` dict (what earlier stages produced); each returns the
-    artifacts it wrote, by kind. With ``stop_after``, the stages after it do not run and the
-    stopping stage is told so (``state["final"]``), so it writes what it would otherwise only
-    hand on (e.g. ``emit`` writes its C++ sources)."""
+    """A target built in named stages, run in the order of its ``stage_table`` on one typed
+    ``state`` (an instance of ``state_type``) that carries what earlier stages produced; each
+    returns the artifacts it wrote, by kind. With ``stop_after``, the stages after it do not
+    run and the stopping stage sees ``state.final``.
+
+    ``stage_table`` is the visible, ordered list of :class:`Stage` rows; ``stages`` (their
+    names) follows from it. A subclass that names ``stages`` and defines ``stage_<name>``
+    methods instead gets the table made from those, checked when the class is defined."""
 
     stages: ClassVar[tuple[str, ...]] = ("lower", "emit", "build")
+    stage_table: ClassVar[tuple[Stage, ...]] = ()
+    state_type: ClassVar[type[BuildState]] = BuildState
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "stage_table" not in vars(cls):  # stages named, their methods by the naming rule
+            rows = []
+            for name in cls.stages:
+                fn = getattr(cls, f"stage_{name}", None)
+                if not callable(fn):
+                    raise TypeError(f"{cls.__name__} names stage {name!r} but defines no "
+                                    f"stage_{name}(self, ir, out_dir, state) method")
+                rows.append(Stage(name, fn))
+            cls.stage_table = tuple(rows)
+        cls.stages = tuple(stage.name for stage in cls.stage_table)
 
     def build(self, ir: GraphIR, out_dir: Path) -> dict[str, Path]:
         return self.build_until(ir, out_dir, None)
@@ -103,12 +143,12 @@ class StagedTarget(Target):
         if stop not in self.stages:
             raise self.no_stage(stop)
         artifacts: dict[str, Path] = {}
-        state: dict[str, Any] = {}
-        for stage in self.stages:
-            state["final"] = stage == stop
-            with progress.stage(f"{self.name}: {stage}"):
-                artifacts.update(getattr(self, f"stage_{stage}")(ir, out_dir, state))
-            if stage == stop:
+        state = self.state_type()
+        for stage in self.stage_table:
+            state.final = stage.name == stop
+            with progress.stage(f"{self.name}: {stage.name}"):
+                artifacts.update(stage.run(self, ir, out_dir, state))
+            if stage.name == stop:
                 break
         return artifacts
 

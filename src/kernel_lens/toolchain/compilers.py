@@ -7,6 +7,7 @@ Variables, each checked first and an error when set to something that is not an 
 
 - ``KERNEL_LENS_CXX``, then ``CXX``: the C++ compiler (else ``g++``, ``c++``, ``clang++`` on PATH);
 - ``KERNEL_LENS_NVCC``: nvcc (else ``$CUDA_HOME/bin/nvcc``, ``nvcc`` on PATH, /usr/local/cuda/bin/nvcc);
+  every CUDA toolkit program (nvcc, ptxas) is found by :func:`find_cuda_tool`.
 """
 
 from __future__ import annotations
@@ -53,19 +54,42 @@ def find_cxx() -> str:
                          "(e.g. apt-get install g++) or set KERNEL_LENS_CXX (or CXX) to its path")
 
 
-def find_nvcc() -> str | None:
-    """Absolute path of nvcc ($KERNEL_LENS_NVCC, $CUDA_HOME/bin/nvcc, PATH), or None if there is none."""
-    found = _from_env("KERNEL_LENS_NVCC", "nvcc")
-    if found:
-        return found
-    candidates = [str(Path(os.environ[v]).expanduser() / "bin" / "nvcc")
-                  for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
-    candidates += ["nvcc", "/usr/local/cuda/bin/nvcc"]
+#: Where a CUDA toolkit is looked for when nothing names one (the NVIDIA installers' default).
+DEFAULT_CUDA_HOMES = ("/usr/local/cuda",)
+
+
+def find_cuda_tool(name: str) -> str | None:
+    """Absolute path of a CUDA toolkit program (``nvcc``, ``ptxas``), or None: the one lookup
+    order for every toolkit program.
+
+    1. ``nvcc`` only: ``$KERNEL_LENS_NVCC`` (an error when it names no executable);
+    2. ``$CUDA_HOME/bin``, ``$CUDA_PATH/bin``;
+    3. PATH (its absolute entries only);
+    4. beside ``$KERNEL_LENS_NVCC`` and beside ``nvcc`` on PATH, both as named and at the real
+       location a link points to (``/usr/bin/nvcc -> /opt/cuda/bin/nvcc``);
+    5. :data:`DEFAULT_CUDA_HOMES`."""
+    if name == "nvcc":
+        found = _from_env("KERNEL_LENS_NVCC", "nvcc")
+        if found:
+            return found
+    folders = [Path(os.environ[v]).expanduser() / "bin" for v in ("CUDA_HOME", "CUDA_PATH")
+               if os.environ.get(v)]
+    candidates = [str(folder / name) for folder in folders] + [name]
+    for nvcc in (os.environ.get("KERNEL_LENS_NVCC"), which("nvcc")):
+        if nvcc:
+            nvcc = os.path.expanduser(nvcc)
+            candidates += [os.path.join(os.path.dirname(p), name) for p in (nvcc, os.path.realpath(nvcc))]
+    candidates += [os.path.join(home, "bin", name) for home in DEFAULT_CUDA_HOMES]
     for candidate in candidates:
         found = which(candidate)
         if found:
             return os.path.abspath(found)
     return None
+
+
+def find_nvcc() -> str | None:
+    """Absolute path of nvcc (:func:`find_cuda_tool`'s order), or None if there is none."""
+    return find_cuda_tool("nvcc")
 
 
 def toolchain_id(cxx: str) -> str:

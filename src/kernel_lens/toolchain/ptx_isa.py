@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 
 from kernel_lens.errors import PtxIsaError
-from kernel_lens.toolchain.compilers import which
+from kernel_lens.toolchain.compilers import find_cuda_tool
 
 Version = tuple[int, int]
 
@@ -111,20 +111,9 @@ def min_ptx_version_for_target(target: str) -> Version:
 
 
 def find_ptxas() -> str | None:
-    """``ptxas`` on PATH, else next to ``nvcc`` on PATH, else in ``$CUDA_HOME/bin``."""
-    found = which("ptxas")
-    if found:
-        return found
-    nvcc = which("nvcc")
-    candidates = []
-    if nvcc:  # nvcc may be a symlink/wrapper; try its directory and the resolved one
-        candidates += [os.path.join(os.path.dirname(p), "ptxas") for p in (nvcc, os.path.realpath(nvcc))]
-    if os.environ.get("CUDA_HOME"):
-        candidates.append(os.path.join(os.environ["CUDA_HOME"], "bin", "ptxas"))
-    for c in candidates:
-        if os.path.isfile(c) and os.access(c, os.X_OK):
-            return c
-    return None
+    """``ptxas`` by the toolkit lookup every CUDA program shares
+    (:func:`kernel_lens.toolchain.compilers.find_cuda_tool`), or None."""
+    return find_cuda_tool("ptxas")
 
 
 def clamp_ptx_version(ptx: str, max_version: Version, *, ptxas: str | None = "auto") -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...fileio import atomic_copy, ensure_folder, inside
@@ -12,7 +13,7 @@ from ...onnx.rewrites import for_onnxruntime
 from ...toolchain.build import build_shared_library
 from ...toolchain.compilers import find_cxx
 from ...toolchain.headers import find_ort_include, ort_api_version
-from ..base import StagedTarget
+from ..base import BuildState, Stage, StagedTarget
 from ..common.emit import common_headers, render_launches, templates
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,15 @@ def ort_sources(ir: GraphIR, api_version: int) -> dict[str, str]:
     }
 
 
+@dataclass
+class OrtBuildState(BuildState):
+    """What the ORT target's stages hand on: the ORT API version, include folder and sources."""
+
+    api: int = 0
+    include: Path | None = None
+    sources: dict[str, str] = field(default_factory=dict)
+
+
 class OrtTarget(StagedTarget):
     """Stages: ``lower`` (the ONNX graph), ``emit`` (the library's C++ sources, written to
     ``src/`` only when stopping there), ``build`` (the custom-op library)."""
@@ -56,26 +66,28 @@ class OrtTarget(StagedTarget):
             needs.append(("ONNX Runtime headers", find_ort_include))
         return needs
 
-    def stage_lower(self, ir: GraphIR, out_dir: Path, state: dict) -> dict[str, Path]:
+    state_type = OrtBuildState
+
+    def stage_lower(self, ir: GraphIR, out_dir: Path, state: OrtBuildState) -> dict[str, Path]:
         ensure_folder(out_dir)
         model_path = inside(out_dir, f"{ir.name}.onnx")
         save_onnx(for_onnxruntime(lower_to_onnx_cached(ir, opset=OPSET)), model_path)
         return {"onnx": model_path}
 
-    def stage_emit(self, ir: GraphIR, out_dir: Path, state: dict) -> dict[str, Path]:
-        include = find_ort_include()
-        state["api"] = api = ort_api_version(include)
-        state["include"] = include
-        state["sources"] = sources = ort_sources(ir, api)
-        return self.write_sources(out_dir, "src", sources) if state["final"] else {}
+    def stage_emit(self, ir: GraphIR, out_dir: Path, state: OrtBuildState) -> dict[str, Path]:
+        state.include = find_ort_include()
+        state.api = ort_api_version(state.include)
+        state.sources = ort_sources(ir, state.api)
+        return self.write_sources(out_dir, "src", state.sources) if state.final else {}
 
-    def stage_build(self, ir: GraphIR, out_dir: Path, state: dict) -> dict[str, Path]:
-        api = state["api"]
-        library = build_shared_library(f"kl_{ir.name}_ort", state["sources"],
-                                       include_dirs=[state["include"]], key_extra=f"ort-api-{api}")
+    def stage_build(self, ir: GraphIR, out_dir: Path, state: OrtBuildState) -> dict[str, Path]:
+        library = build_shared_library(f"kl_{ir.name}_ort", state.sources,
+                                       include_dirs=[state.include], key_extra=f"ort-api-{state.api}")
         lib_path = atomic_copy(library, inside(out_dir, f"libkl_{ir.name}_ort.so"))
         log.info("ort: wrote %s", lib_path)
         return {"library": lib_path}
+
+    stage_table = (Stage("lower", stage_lower), Stage("emit", stage_emit), Stage("build", stage_build))
 
     def runner(self, ir: GraphIR, artifacts: dict[str, Path], *, cuda_graph: bool | str = False,
                **options):

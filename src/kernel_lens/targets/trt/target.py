@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
@@ -34,7 +35,7 @@ from ...onnx.lower import DOMAIN, MIN_OPSET, all_nodes, lower_to_onnx_cached, sa
 from ...toolchain.build import build_shared_library
 from ...toolchain.compilers import find_cxx
 from ...toolchain.headers import find_cuda_include, find_tensorrt_include, tensorrt_version
-from ..base import StagedTarget
+from ..base import BuildState, Stage, StagedTarget
 from ..common.emit import c_quote, common_headers, cxx_name, render_launches, templates
 
 log = logging.getLogger(__name__)
@@ -116,6 +117,16 @@ def trt_onnx(ir: GraphIR, plan: ModelPlan | None = None) -> onnx.ModelProto:
     return model
 
 
+@dataclass
+class TrtBuildState(BuildState):
+    """What the TensorRT targets' stages hand on: the launch plan, headers, version, sources."""
+
+    plan: ModelPlan | None = None
+    include: Path | None = None
+    version: str = ""
+    sources: dict[str, str] = field(default_factory=dict)
+
+
 class _TrtTarget(StagedTarget):
     kind = "v3"
     aliases = ("tensorrt",)
@@ -136,29 +147,32 @@ class _TrtTarget(StagedTarget):
             needs.append(("CUDA runtime headers", find_cuda_include))
         return needs
 
-    def stage_lower(self, ir: GraphIR, out_dir: Path, state: dict) -> dict[str, Path]:
+    state_type = TrtBuildState
+
+    def stage_lower(self, ir: GraphIR, out_dir: Path, state: TrtBuildState) -> dict[str, Path]:
         ensure_folder(out_dir)
         path = inside(out_dir, f"{ir.name}.trt.onnx")
-        state["plan"] = plan = build_plan(ir)  # the emit stage prints from the same plan
-        save_onnx(trt_onnx(ir, plan), path)
+        state.plan = build_plan(ir)  # the emit stage prints from the same plan
+        save_onnx(trt_onnx(ir, state.plan), path)
         return {"onnx": path}
 
-    def stage_emit(self, ir: GraphIR, out_dir: Path, state: dict) -> dict[str, Path]:
-        include = find_tensorrt_include()
-        version = tensorrt_version(include)
-        self.check_version(version)
-        state.update(include=include, version=version,
-                     sources=trt_sources(ir, self.kind, state["plan"]))
-        return self.write_sources(out_dir, f"src_trt_{self.kind}", state["sources"]) if state["final"] else {}
+    def stage_emit(self, ir: GraphIR, out_dir: Path, state: TrtBuildState) -> dict[str, Path]:
+        state.include = find_tensorrt_include()
+        state.version = tensorrt_version(state.include)
+        self.check_version(state.version)
+        state.sources = trt_sources(ir, self.kind, state.plan)
+        return self.write_sources(out_dir, f"src_trt_{self.kind}", state.sources) if state.final else {}
 
-    def stage_build(self, ir: GraphIR, out_dir: Path, state: dict) -> dict[str, Path]:
+    def stage_build(self, ir: GraphIR, out_dir: Path, state: TrtBuildState) -> dict[str, Path]:
         name = f"kl_{ir.name}_trt_{self.kind}"
-        library = build_shared_library(name, state["sources"],
-                                       include_dirs=[state["include"], find_cuda_include()],
-                                       key_extra=f"tensorrt-{state['version']}")
+        library = build_shared_library(name, state.sources,
+                                       include_dirs=[state.include, find_cuda_include()],
+                                       key_extra=f"tensorrt-{state.version}")
         path = atomic_copy(library, inside(out_dir, f"lib{name}.so"))
         log.info("%s: wrote %s", self.name, path)
         return {"library": path}
+
+    stage_table = (Stage("lower", stage_lower), Stage("emit", stage_emit), Stage("build", stage_build))
 
 
     def runner(self, ir: GraphIR, artifacts: dict[str, Path], *, cuda_graph: bool = False,
