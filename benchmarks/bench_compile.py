@@ -9,7 +9,7 @@ the same command again. Each is a full `kernel_lens compile ... --target ort` pr
 Floor: a process that does what the compile's capture has to do at minimum: import torch and
 triton, import the example (building its model) and run ``model(*example_inputs)`` once with
 its Triton kernels executing, on a CPU-only host through Triton's interpreter, the way
-``kernel_lens.frontends.capture.capture`` runs them. ``warm_over_floor`` is the ratio of the
+``kernel_lens.frontends.capture.recorder.capture`` runs them. ``warm_over_floor`` is the ratio of the
 medians (warm recompile / floor).
 
 Stages: a warm recompile run in one process under a timing harness that wraps each stage's
@@ -47,7 +47,7 @@ STAGES = ("import", "capture", "trace", "aot", "passes", "onnx", "codegen", "bui
 FLOOR = r"""
 import importlib.util, sys
 import torch, triton
-from kernel_lens.frontends.capture import capture
+from kernel_lens.frontends.capture.recorder import capture
 path = sys.argv[1]
 spec = importlib.util.spec_from_file_location("example", path)
 mod = importlib.util.module_from_spec(spec)

@@ -116,7 +116,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from kernel_lens.frontends.capture import capture  # noqa: E402
+from kernel_lens.frontends.capture.recorder import capture  # noqa: E402
 from kernel_lens.frontends.arguments import kernel_params  # noqa: E402
 from kernel_lens.ir import DType, ParamKind  # noqa: E402
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import kernel_lens as kl
-from kernel_lens.frontends.capture import capture
+from kernel_lens.frontends.capture.recorder import capture
 from kernel_lens.ir import ParamKind, evaluate, parse
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "hf"))

@@ -14,8 +14,8 @@ import triton.language as tl
 
 import kernel_lens as kl
 from kernel_lens.errors import CaptureError
-from kernel_lens.frontends.capture import interpret_launch
-from kernel_lens.frontends.interpreter_bounds import (HINT, MemoryRange, OutOfBoundsAccess,
+from kernel_lens.frontends.capture.recorder import interpret_launch
+from kernel_lens.frontends.capture.interpreter_bounds import (HINT, MemoryRange, OutOfBoundsAccess,
                                                       _Checker, checked_memory)
 
 

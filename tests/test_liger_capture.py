@@ -19,9 +19,9 @@ from triton.language.extra.libdevice import asin, tanh
 
 import kernel_lens as kl
 from kernel_lens.errors import CaptureError, UnsupportedKernelError
-from kernel_lens.frontends import libdevice_cpu as ld
+from kernel_lens.frontends.capture.recorder import libdevice_cpu as ld
 from kernel_lens.frontends import triton_compat as tc
-from kernel_lens.frontends.capture import InterpretedHandle, capture
+from kernel_lens.frontends.capture.recorder import InterpretedHandle, capture
 
 ROWS = torch.export.Dim("rows", min=2, max=1024)
 
@@ -129,7 +129,7 @@ def _lang_state():
 
 
 def _assert_same_state(before):
-    from kernel_lens.frontends.capture import _LibdeviceScope
+    from kernel_lens.frontends.capture.recorder import _LibdeviceScope
 
     assert _LibdeviceScope.active == 0
     after = _lang_state()

@@ -148,7 +148,7 @@ def test_lowering_structure(stem):
 def test_required_ops_are_supported():
     # translated by torchlib / kernel_lens, or decomposed by the front end into ops that are
     from kernel_lens.aten_facts import overload
-    from kernel_lens.frontends.decompose import needs_decomposition
+    from kernel_lens.frontends.trace.decompose import needs_decomposition
 
     assert [op for op in REQUIRED_OPS
             if not supported(op) and not needs_decomposition(overload(op), supported)] == []

@@ -14,7 +14,7 @@ from torch.utils._sympy.value_ranges import ValueRanges
 
 import kernel_lens as kl
 from kernel_lens.errors import DynamicConstexprError
-from kernel_lens.frontends import size_functions as sf
+from kernel_lens.frontends.trace.export import size_functions as sf
 from kernel_lens.ir.symbolic import evaluate, parse
 
 from conftest import ROOT, load_module
@@ -152,7 +152,7 @@ def test_size_function_of_a_numel_is_split_over_the_numel():
 
 
 def test_a_dim_the_code_fixes_to_a_constant_is_named_with_its_value():
-    from kernel_lens.frontends.trace import _constraint_violation
+    from kernel_lens.frontends.trace.export import _constraint_violation
 
     text = ("Constraints violated (m)! For more information, run with TORCH_LOGS=\"+dynamic\".\n"
             "  - You marked m as dynamic but your code specialized it to be a constant (16). If "

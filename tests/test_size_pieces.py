@@ -1,5 +1,5 @@
 """Python branches on sizes split the declared range into pieces, one graph each, dispatched by
-size at run time (frontends/size_pieces.py, onnx/pieces.py): where each condition holds is found
+size at run time (frontends/trace/size_pieces.py, onnx/pieces.py): where each condition holds is found
 exactly, each piece is traced at a size inside it, the ONNX graph chooses with If, the runtime's
 call signature picks the same piece, and the CPU host runs the combined graph in ONNX Runtime
 with reference kernels at sizes in every piece."""
@@ -20,8 +20,8 @@ from torch.utils._sympy.value_ranges import ValueRanges
 
 import kernel_lens as kl
 from kernel_lens.errors import IRError, TraceError
-from kernel_lens.frontends import size_functions as sf
-from kernel_lens.frontends.size_pieces import narrowed, resized_inputs
+from kernel_lens.frontends.trace.export import size_functions as sf
+from kernel_lens.frontends.trace.size_pieces import narrowed, resized_inputs
 from kernel_lens.ir import GraphIR, evaluate, parse
 from kernel_lens.onnx import lower_to_onnx
 from kernel_lens.runtime.signature import CallSignature

@@ -65,7 +65,7 @@ def _lift_guarded(cond, max_n=4096):
 def test_unprovable_but_true_guard_is_deferred_and_verified(caplog):
     # true for every n >= 1, but torch's range analysis cannot prove it (transformers' CUDA mask
     # code makes this very guard): the export is retried with deferred asserts, checked here
-    with caplog.at_level("INFO", logger="kernel_lens.frontends.trace"):
+    with caplog.at_level("INFO", logger="kernel_lens.frontends.trace.export"):
         ir = _lift_guarded(lambda n: n * (8 + n - n % 8) > 1)
     assert "n" in ir.symbols and any(op.op == "aten.mul.Tensor" for op in ir.ops)
     assert "all hold over the declared ranges" in caplog.text

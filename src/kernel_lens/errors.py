@@ -26,7 +26,7 @@ class TraceError(KernelLensError):
 class SizeBranchError(TraceError):
     """The forward's Python code branches on sizes inside the declared ranges: ``branches``
     lists each condition on one size (where it holds), so the range can be split into pieces
-    (:mod:`kernel_lens.frontends.size_pieces`); uncaught, its message is torch's refusal."""
+    (:mod:`kernel_lens.frontends.trace.size_pieces`); uncaught, its message is torch's refusal."""
 
     def __init__(self, message: str, branches: list):
         super().__init__(message)

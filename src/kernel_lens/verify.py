@@ -24,8 +24,8 @@ import torch
 
 from .compiler import CompiledModel, compile, load
 from .errors import InputError, KernelLensError
-from .frontends.capture import capture
-from .frontends.size_pieces import resized_inputs
+from .frontends.capture.recorder import capture
+from .frontends.trace.size_pieces import resized_inputs
 from .ir import GraphIR
 from .model_file import load_model_file
 from .runtime.signature import CallSignature, torch_dtype

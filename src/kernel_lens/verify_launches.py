@@ -21,7 +21,7 @@ import onnx
 import torch
 
 from .codegen.launch_io import launch_io
-from .frontends.capture import CapturedLaunch, capture
+from .frontends.capture.recorder import CapturedLaunch, capture
 from .ir import GraphIR
 from .ir.symbolic import evaluate, parse
 from .ir.types import dtype_from_torch

@@ -29,12 +29,13 @@ from ..ir.symbolic import to_plain_sympy
 from ..ir.kernel import Specialization
 from ..ir.types import dtype_from_torch, dtype_from_triton, DType
 from .aot import compile_binary, jit_resolver
-from .capture import CapturedLaunch, capture, kernel_name
-from .decompose import decompose, needs_decomposition, tensor_args
-from . import arguments, size_functions, size_pieces
-from .shapes_check import check_dynamic_shapes
+from .capture.recorder import CapturedLaunch, capture, kernel_name
+from .trace.decompose import decompose, needs_decomposition, tensor_args
+from . import arguments
+from .trace import size_functions, size_pieces
+from .trace.shapes_check import check_dynamic_shapes
 from .source import describe_kernel
-from .trace import LAUNCH_OP, TracedLaunch, is_user_file, located, trace
+from .trace.export import LAUNCH_OP, TracedLaunch, is_user_file, located, trace
 
 log = logging.getLogger(__name__)
 

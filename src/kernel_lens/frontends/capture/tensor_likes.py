@@ -25,7 +25,7 @@ from typing import Any, Iterator
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
-from ..errors import UnsupportedKernelError
+from ...errors import UnsupportedKernelError
 
 _TOKEN_SPACING = 1 << 40
 

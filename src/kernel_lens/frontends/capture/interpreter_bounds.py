@@ -48,7 +48,7 @@ import torch
 from triton.runtime import interpreter
 from triton.runtime.interpreter import InterpreterBuilder
 
-from ..errors import CaptureError
+from ...errors import CaptureError
 from .patching import patched as _patched
 
 _U64_MAX = np.iinfo(np.uint64).max

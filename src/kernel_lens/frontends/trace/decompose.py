@@ -26,7 +26,7 @@ from torch._guards import detect_fake_mode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from .. import aten_facts
+from ... import aten_facts
 
 log = logging.getLogger(__name__)
 

@@ -24,12 +24,14 @@ import sympy
 import torch
 from torch.fx.experimental import symbolic_shapes
 
-from .._gc import paused_then_frozen
-from ..errors import (DynamicConstexprError, KernelLensError, SizeBranchError, SymbolicError, TraceError,
+from ..._gc import paused_then_frozen
+from ...errors import (DynamicConstexprError, KernelLensError, SizeBranchError, SymbolicError, TraceError,
                       UnsupportedKernelError)
-from . import arguments, launchers, size_functions, tensor_likes
-from . import triton_compat as tc
-from .capture import (CapturedLaunch, _normalize_grid, _patched, check_arguments, handle_info,
+from .. import arguments
+from ..capture import launchers, tensor_likes
+from . import size_functions
+from .. import triton_compat as tc
+from ..capture.recorder import (CapturedLaunch, _normalize_grid, _patched, check_arguments, handle_info,
                       innermost_jit, kernel_name, launch_handle, patched_handles)
 
 log = logging.getLogger(__name__)

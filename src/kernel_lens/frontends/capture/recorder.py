@@ -21,9 +21,10 @@ from triton.compiler.compiler import CompiledKernel
 from triton.runtime import interpreter
 from triton.runtime.interpreter import InterpretedFunction, InterpreterError
 
-from ..errors import CaptureError, KernelLensError, UnsupportedKernelError
-from . import arguments, interpreter_casts, launchers, tensor_likes
-from . import triton_compat as tc
+from ...errors import CaptureError, KernelLensError, UnsupportedKernelError
+from .. import arguments
+from . import interpreter_casts, launchers, tensor_likes
+from .. import triton_compat as tc
 from .libdevice_cpu import libdevice_cpu
 from .interpreter_bounds import checked_memory, tensor_ranges
 from .patching import patched as _patched

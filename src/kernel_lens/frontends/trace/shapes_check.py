@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..errors import InputError
+from ...errors import InputError
 
 _FIX = "see torch.export's dynamic_shapes: {name: {dim index: Dim(...)}} or one entry per input"
 

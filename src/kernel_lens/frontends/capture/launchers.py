@@ -27,9 +27,9 @@ from torch._library.custom_ops import OPDEFS
 from torch._library.triton import set_wrap_triton_enabled
 from torch.overrides import TorchFunctionMode
 
-from ..errors import TraceError, UnsupportedKernelError
+from ...errors import TraceError, UnsupportedKernelError
 from . import tensor_likes
-from . import triton_compat as tc
+from .. import triton_compat as tc
 from .patching import patched
 
 log = logging.getLogger(__name__)

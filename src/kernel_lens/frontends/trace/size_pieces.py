@@ -21,9 +21,9 @@ from typing import Any, Callable
 import torch
 from torch.export.dynamic_shapes import Dim, _DerivedDim
 
-from ..errors import KernelLensError, SizeBranchError, TraceError
-from ..ir import GraphIR, SizeBox, SizePiece, SymbolInfo, TensorValue
-from ..ir.names import is_identifier
+from ...errors import KernelLensError, SizeBranchError, TraceError
+from ...ir import GraphIR, SizeBox, SizePiece, SymbolInfo, TensorValue
+from ...ir.names import is_identifier
 
 log = logging.getLogger(__name__)
 

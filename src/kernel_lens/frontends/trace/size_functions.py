@@ -24,7 +24,7 @@ import numpy as np
 import sympy
 from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
-from ..errors import SymbolicError
+from ...errors import SymbolicError
 
 _FOREIGN = ("BitwiseFn", "LShift", "RShift")  # torch functions the IR grammar has no word for
 MAX_PIECES = 64  # pieces a rewritten sub-expression may have
