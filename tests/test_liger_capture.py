@@ -19,7 +19,7 @@ from triton.language.extra.libdevice import asin, tanh
 
 import kernel_lens as kl
 from kernel_lens.errors import CaptureError, UnsupportedKernelError
-from kernel_lens.frontends.capture.recorder import libdevice_cpu as ld
+from kernel_lens.frontends.capture import libdevice_cpu as ld
 from kernel_lens.frontends import triton_compat as tc
 from kernel_lens.frontends.capture.recorder import InterpretedHandle, capture
 

@@ -14,7 +14,7 @@ from torch.utils._sympy.value_ranges import ValueRanges
 
 import kernel_lens as kl
 from kernel_lens.errors import DynamicConstexprError
-from kernel_lens.frontends.trace.export import size_functions as sf
+from kernel_lens.frontends.trace import size_functions as sf
 from kernel_lens.ir.symbolic import evaluate, parse
 
 from conftest import ROOT, load_module

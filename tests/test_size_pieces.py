@@ -20,7 +20,7 @@ from torch.utils._sympy.value_ranges import ValueRanges
 
 import kernel_lens as kl
 from kernel_lens.errors import IRError, TraceError
-from kernel_lens.frontends.trace.export import size_functions as sf
+from kernel_lens.frontends.trace import size_functions as sf
 from kernel_lens.frontends.trace.size_pieces import narrowed, resized_inputs
 from kernel_lens.ir import GraphIR, evaluate, parse
 from kernel_lens.onnx import lower_to_onnx

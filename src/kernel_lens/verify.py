@@ -273,10 +273,14 @@ def verify_file(path: str, artifacts: str | None = None, *, cap: int = MAX_SIZE,
     names = [p for p in inspect.signature(fn).parameters][:len(mf.example_inputs)]
     if artifacts is not None:
         compiled = load(artifacts)
+    elif torch.cuda.is_available():  # captured natively, as the user's own compile on a GPU would
+        compiled = compile(copy.deepcopy(model).cuda() if isinstance(model, torch.nn.Module) else model,
+                           tuple(t.cuda() if isinstance(t, torch.Tensor) else t for t in mf.example_inputs),
+                           dynamic_shapes=mf.dynamic_shapes, roles=mf.roles, autotune=mf.autotune,
+                           targets=["ort"])
     else:
         compiled = compile(model, mf.example_inputs, dynamic_shapes=mf.dynamic_shapes,
-                           roles=mf.roles, autotune=mf.autotune,
-                           targets=["ort"] if torch.cuda.is_available() else [])
+                           roles=mf.roles, autotune=mf.autotune)
     for name, t in zip(compiled.ir.inputs, mf.example_inputs):
         if isinstance(t, torch.Tensor) and t.dtype != torch_dtype(compiled.ir.values[name].dtype):
             raise InputError(f"{path}'s example input {name!r} is {t.dtype}, but the artifacts "

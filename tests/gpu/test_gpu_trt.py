@@ -33,7 +33,7 @@ import torch
 import kernel_lens as kl
 from kernel_lens.codegen.plan import build_plan
 from kernel_lens.frontends import arguments
-from kernel_lens.frontends.capture.recorder import recorder as cap
+from kernel_lens.frontends.capture import recorder as cap
 from kernel_lens.frontends import triton_compat as tc
 from kernel_lens.ir import DType, evaluate, parse
 from kernel_lens.targets.trt.target import plugin_names, trt_sources
