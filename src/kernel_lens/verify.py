@@ -8,7 +8,9 @@ cannot run (they launch Triton's cubins): the check is then what can be done the
 says what was not: the call signature is evaluated at every size set (input checks, the size
 piece chosen, each output's shape and dtype) against the eager run through Triton's interpreter.
 With ORT artifacts on a GPU, each Triton launch's written tensors are compared too
-(:mod:`kernel_lens.verify_launches`): the first launch that differs is where to look.
+(:mod:`kernel_lens.verify_launches`): the first launch that differs is where to look. Those
+comparisons are reported, not judged (whole buffers are compared, and the parts a kernel never
+writes hold whatever the allocator left); the outputs decide the result.
 """
 
 from __future__ import annotations
@@ -59,9 +61,9 @@ class SizeCheck:
 
     @property
     def ok(self) -> bool:
-        return self.skipped or (not self.problem and not any(o.problem for o in self.outputs)
-                                and not any(w.problem.startswith("not within") or w.problem.startswith("not bit")
-                                            for c in self.launches for w in c.written))
+        # per-launch results point at where outputs diverge; they do not decide: a buffer's
+        # parts a kernel never writes (scratch, padding) hold whatever the allocator left there
+        return self.skipped or (not self.problem and not any(o.problem for o in self.outputs))
 
 
 @dataclass
@@ -238,29 +240,22 @@ def verify(model: Any, example_inputs: tuple, dynamic_shapes: Any, compiled: Com
             check.outputs.append(out)
         if "ort.onnx" in compiled.artifacts and "ort.library" in compiled.artifacts:
             _check_launches(check, model if not isinstance(model, torch.nn.Module) else eager_model,
-                            inputs, compiled, tolerance)
+                            inputs, compiled)
         copies = [tuple(t.clone() for t in inputs) for _ in range(2)]
         check.eager_ms = _median_ms(lambda: eager_model(*copies[0]), repeats)
         check.compiled_ms = _median_ms(lambda: compiled.run(*copies[1]), repeats)
     return Report(ir.name, device, sets, not_checked)
 
 
-def _check_launches(check: SizeCheck, model: Any, inputs: tuple, compiled: CompiledModel,
-                    tolerance: tuple[float, float] | None) -> None:
-    """Each launch's written tensors, eager against compiled (see :mod:`.verify_launches`)."""
+def _check_launches(check: SizeCheck, model: Any, inputs: tuple, compiled: CompiledModel) -> None:
+    """Each launch's written tensors, eager against compiled (see :mod:`.verify_launches`);
+    reported, not judged (see :attr:`SizeCheck.ok`)."""
     try:
         check.launches, check.launch_note = compare_launches(
             model, inputs, compiled.ir, compiled.artifacts["ort.onnx"],
             compiled.artifacts["ort.library"], inputs[0].device.index or 0)
     except Exception as exc:  # noqa: BLE001 - the outputs' verdict stands; say why not compared
         check.launch_note = f"{type(exc).__name__}: {str(exc)[:300]}"
-        return
-    rtol, atol = tolerance or (0.0, 0.0)
-    for c in check.launches:
-        for w in c.written:
-            if w.exact is False and not (tolerance and w.max_abs is not None and w.max_abs <= atol):
-                w.problem = f"max abs {w.max_abs:.3g}, " + (f"not within atol={atol}" if tolerance
-                                                            else "not bit-exact")
 
 
 def verify_file(path: str, artifacts: str | None = None, *, cap: int = MAX_SIZE,
