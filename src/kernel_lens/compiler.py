@@ -127,7 +127,7 @@ class CompiledModel:
         graph = self.cuda_graph if cuda_graph is None else cuda_graph
         if not isinstance(graph, (bool, str)):  # a mode's name is the runner's to check
             raise InputError(f"cuda_graph={reprlib.repr(graph)}: pass True, False or the name of "
-                             f"a graph mode of the runner (ort: 'torch', 'ort')")
+                             f"a graph mode of the runner (the runner names its modes)")
         asked = (backend, graph)
         if asked not in self._runners:  # resolve the name once: run() calls this on every call
             backend = self._backend(backend)
