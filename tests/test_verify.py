@@ -47,3 +47,27 @@ def test_a_compiled_model_that_does_not_fit_the_eager_one_fails():
     report = verify(shorter, module.example_inputs, module.dynamic_shapes, compiled, ["x", "y"])
     assert not report.ok and "result: FAILED" in report.text()
     assert all(o.problem.startswith("eager gives [") for s in report.sets for o in s.outputs)
+
+
+def test_a_launch_result_is_compared_as_the_kernel_argument_saw_it():
+    # the compiled node's output is the whole root; eager's argument may be a strided view of it
+    from kernel_lens.verify_launches import compare_written
+
+    root = torch.arange(24, dtype=torch.float32)
+    view = root.view(4, 6)[1:, ::2]  # offset 6, strides (6, 2)
+    same = compare_written("out_ptr", root.clone(), view)
+    assert same.exact and same.max_abs == 0.0 and not same.problem
+    changed = root.clone()
+    changed[8] += 0.5  # inside the view (row 1, column 2)
+    diff = compare_written("out_ptr", changed, view)
+    assert diff.exact is False and diff.max_abs == 0.5
+    outside = root.clone()
+    outside[7] = -1.0  # a column the view skips: not the argument's business
+    assert compare_written("out_ptr", outside, view).exact
+    nan = root.clone()
+    nan[6] = float("nan")
+    assert compare_written("out_ptr", nan, view).max_abs == float("inf")
+    assert "laid out unlike" in compare_written("out_ptr", root[:10], view).problem
+    assert "laid out unlike" in compare_written("out_ptr", root.double(), view).problem
+    assert "not a plain tensor" in compare_written("out_ptr", None, view).problem
+    assert compare_written("out_ptr", root, torch.empty(0)).exact

@@ -128,6 +128,25 @@ def _ir_dtype(t: torch.Tensor):
     return dtype_from_torch(t.dtype)
 
 
+def compare_written(param: str, root: torch.Tensor | None, want: torch.Tensor | None) -> WrittenCheck:
+    """The compiled node's output ``root`` (the whole tensor the kernel wrote into, dense)
+    viewed as eager's argument ``want`` was (shape, strides, storage offset), against it."""
+    check = WrittenCheck(param)
+    if want is None or root is None:
+        check.problem = "not compared (not a plain tensor argument)"
+        return check
+    flat = root.to(want.device).reshape(-1)
+    extent = want.storage_offset() + sum((s - 1) * st for s, st in zip(want.shape, want.stride())) + 1
+    if flat.dtype != want.dtype or (want.numel() and extent > flat.numel()):
+        check.problem = "not compared (the node's output is laid out unlike the argument)"
+        return check
+    view = flat.as_strided(want.shape, want.stride(), want.storage_offset()) if want.numel() else want
+    check.exact = bool(torch.equal(_bytes(view), _bytes(want)))
+    diff = (view.double() - want.double()).abs().nan_to_num(nan=float("inf"))
+    check.max_abs = float(diff.max()) if diff.numel() else 0.0
+    return check
+
+
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().reshape(-1).view(torch.uint8)
 
@@ -147,20 +166,7 @@ def compare_launches(model: Any, inputs: tuple, ir: GraphIR, onnx_path: Path, li
     for i, (launch, want, got) in enumerate(zip(ir.launches, eager, compiled)):
         check = LaunchCheck(i, ir.kernels[launch.kernel].name)
         for param, j in _written_params(ir)[i]:
-            w = want.get(param)
-            c = WrittenCheck(param)
-            check.written.append(c)
-            if w is None or j >= len(got):
-                c.problem = "not compared (not a plain tensor argument)"
-                continue
-            root = got[j].to(w.device).reshape(-1)
-            extent = w.storage_offset() + sum((s - 1) * st for s, st in zip(w.shape, w.stride())) + 1
-            if root.dtype != w.dtype or (w.numel() and extent > root.numel()):
-                c.problem = "not compared (the node's output is laid out unlike the argument)"
-                continue
-            view = root.as_strided(w.shape, w.stride(), w.storage_offset()) if w.numel() else w
-            c.exact = bool(torch.equal(_bytes(view), _bytes(w)))
-            diff = (view.double() - w.double()).abs().nan_to_num(nan=float("inf"))
-            c.max_abs = float(diff.max()) if diff.numel() else 0.0
+            check.written.append(compare_written(param, got[j] if j < len(got) else None,
+                                                 want.get(param)))
         checks.append(check)
     return checks, ""
