@@ -18,7 +18,7 @@ from kernel_lens.errors import ArchError, IRError
 from kernel_lens.ir import GraphIR
 
 from conftest import EXAMPLES, model_ir
-from test_loading_folders import folder, toy_ir  # noqa: F401 (fixtures)
+from test_loading_folders import cuda_ep, folder, toy_ir  # noqa: F401 (fixtures)
 
 
 def test_arch_lists_parse_in_order_without_repeats():
@@ -105,3 +105,17 @@ def test_cli_builds_for_several_archs_and_says_so():
                           str(EXAMPLES / "toy_two_kernels.py")], capture_output=True, text=True,
                          timeout=600)
     assert bad.returncode == 2 and "'sm_9x' is not an architecture" in bad.stderr
+
+
+def test_the_ort_runner_refuses_a_gpu_without_a_binary_before_opening_a_session(folder, monkeypatch, cuda_ep):
+    from kernel_lens.runtime.ort import OrtModel
+
+    model = kl.load(folder)
+    runner = OrtModel(model.ir, model.artifacts["ort.onnx"], model.artifacts["ort.library"])
+    opened = []
+    monkeypatch.setattr(runner._ort, "InferenceSession", lambda *a, **k: opened.append(a))
+    monkeypatch.setattr(runner._ort.SessionOptions, "register_custom_ops_library", lambda self, path: None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (8, 0))
+    with pytest.raises(ArchError, match="built for sm_90; this GPU is sm_80"):
+        runner.session(0, 0)
+    assert opened == []
