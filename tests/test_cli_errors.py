@@ -293,3 +293,67 @@ def test_an_unexpected_exception_is_one_line_too(monkeypatch, run):
     assert err.startswith("kernel_lens: internal error: RecursionError: maximum recursion") and "--debug" in err
     status, _, err = run("--debug", "compile", TOY)
     assert status == 1 and "Traceback" in err
+
+
+# --- mutation-sample gaps (issues 29/31): behaviours the sample's survivors showed untested -------
+def test_a_long_first_line_is_cut_and_the_report_says_so(capsys):
+    status = cli._report_error(ValueError("x" * (cli._LINE + 50) + "\nsecond line"), debug=False, status=3)
+    err = capsys.readouterr().err
+    assert status == 3
+    assert "x" * cli._LINE + "..." in err and "x" * (cli._LINE + 1) not in err
+    assert "[the message is cut, 1 more line: run again with --debug to see all]" in err
+
+
+def test_export_triton_hands_every_flag_to_the_export(tmp_path, monkeypatch, capsys):
+    import types
+
+    import kernel_lens.serving as serving
+
+    seen = {}
+
+    def export(directory, output, **kwargs):
+        seen.update(kwargs, directory=directory, output=output)
+        return types.SimpleNamespace(config="repo/m/config.pbtxt", files={"model": "repo/m/1"}, notes=["n"])
+    monkeypatch.setattr(serving, "export_triton", export)
+    status = cli.main(["-q", "export-triton", str(tmp_path / "art"), "-o", str(tmp_path / "repo"),
+                       "--name", "m", "--backend", "tensorrt", "--instances", "3", "--max-batch-size", "4"])
+    assert status == 0
+    assert seen == {"directory": str(tmp_path / "art"), "output": str(tmp_path / "repo"), "name": "m",
+                    "backend": "tensorrt", "instances": 3, "max_batch_size": 4}
+    out = capsys.readouterr()
+    assert "config: repo/m/config.pbtxt" in out.out and "model: repo/m/1" in out.out
+    assert "note: n" in out.err
+
+
+def test_compile_with_dynamic_reports_the_dims_torch_settled_on(tmp_path, monkeypatch, capsys):
+    import types
+
+    import kernel_lens.compiler as compiler
+    import kernel_lens.frontends.lift as lift
+
+    ir = types.SimpleNamespace(name="toy")
+    compiled = types.SimpleNamespace(ir=ir, artifacts={}, summary=lambda: "")
+    monkeypatch.setattr(compiler, "compile", lambda *a, **k: compiled)
+    monkeypatch.setattr(lift, "describe_dims", lambda got: "n = x.shape[0] in [2, 1048576]" if got is ir else "?")
+    cli.main(["compile", str(EXAMPLES / "toy_two_kernels.py"), "--dynamic", "-o", str(tmp_path / "o")])
+    assert "dynamic dims (--dynamic):\n  n = x.shape[0] in [2, 1048576]" in capsys.readouterr().err
+
+
+def test_doctor_probes_say_what_they_found(monkeypatch):
+    assert doctor._kernel_lens() == [("version", kl.__version__),
+                                     ("location", str(Path(kl.__file__).resolve().parent))]
+    monkeypatch.setattr(doctor, "_installed", lambda module: False)
+    assert doctor._onnxruntime() == [("onnxruntime", "not installed")]
+
+    def unreachable(cmd):
+        raise OSError(2, "no such interpreter")
+    monkeypatch.setattr(doctor, "_run_isolated", unreachable)
+    assert doctor._ort_cuda_ep() == "check failed: FileNotFoundError: [Errno 2] no such interpreter"
+
+    def broken():
+        raise RuntimeError("entry points unreadable")
+    monkeypatch.setattr(doctor, "_available_targets", broken)
+    lines, status = doctor._targets(doctor._State())
+    assert status == 1
+    assert lines[0] == ("ort", "cannot build: target not installed (entry point kernel_lens.targets: "
+                               "ort); listing targets failed: RuntimeError: entry points unreadable")

@@ -411,3 +411,17 @@ def test_a_parent_folder_of_root_is_trusted_one_of_another_user_is_not(tmp_path,
     os.chown(theirs, 2000, 2000)  # another user could rename what is put there
     with pytest.raises(CacheError, match="owned by uid 2000"):
         fetch.check_destination(theirs / "part")
+
+
+def test_fetch_headers_refuses_an_ort_package_without_its_header_or_license(tmp_path, monkeypatch, capsys):
+    tgz = make_tgz(tmp_path / "ort.tgz", {
+        fetch_headers.ORT_HEADERS_PREFIX + "onnxruntime_cxx_api.h": b"// C++ only\n",
+        fetch_headers.ORT_LICENSE_MEMBER: b"MIT License\n"})
+    monkeypatch.setattr(fetch_headers, "npm_pack", lambda folder, spec, hint: Path(tgz.replace(folder / "ort.tgz")))
+    monkeypatch.setattr(fetch_headers, "ORT_NPM_SHA256", hashlib.sha256(tgz.read_bytes()).hexdigest())
+    dest = tmp_path / "dest"
+    assert fetch_headers.main(["--ort", "--dest", str(dest)]) == 1
+    err = capsys.readouterr().err
+    assert (f"{fetch_headers.ORT_NPM_SPEC}: {fetch_headers.ORT_HEADERS_PREFIX}{fetch_headers.ORT_MARKER} "
+            f"or {fetch_headers.ORT_LICENSE_MEMBER} missing from the package") in err
+    assert not (dest / "onnxruntime").exists()

@@ -307,3 +307,18 @@ def test_launch_settings_cuda_would_refuse_are_refused_at_load(toy_ir):
         with pytest.raises(IRError, match=rf"binaries\.0\.{field}"):
             GraphIR.from_json(json.dumps(spoiled))
     assert binary["num_warps"] >= 1
+
+
+def test_the_ort_runner_reads_each_written_input_from_its_mutated_output(tmp_path, cuda_ep):
+    # the graph's "mutated_<input>" outputs are what the runner copies back (or binds in place)
+    from kernel_lens.onnx.lower import lower_to_onnx, save_onnx
+    from conftest import CORPUS
+
+    ir = model_ir(CORPUS / "inplace_input.py")
+    path = tmp_path / "m.onnx"
+    save_onnx(lower_to_onnx(ir), path)
+    (tmp_path / "libm.so").write_bytes(b"\x7fELF stand-in, never opened")
+    runner = OrtModel(ir, path, tmp_path / "libm.so")
+    written = ir.inputs.index("y")
+    assert [(m.output, m.input) for m in runner._mutated] == [("mutated_y", written)]
+    assert runner.in_place == ["y"]

@@ -168,3 +168,13 @@ def test_a_truth_guard_torch_gave_as_an_integer_prints_as_nonzero():
     assert printer.bool("Mod(s0, 2)") == "(kl_mod(sym_s0, INT64_C(2)) != 0)"
     with pytest.raises(SymbolicError, match="not a boolean"):
         printer.bool("1/3")
+
+
+def test_guards_joined_by_and_or_not_print_as_cs_operators():
+    from kernel_lens.targets.common.emit import _Printer
+
+    printer = _Printer(["s0", "s1"])
+    assert printer.bool("(s0 <= 4) & (s1 > 2)") == "((sym_s0 <= INT64_C(4)) && (sym_s1 > INT64_C(2)))"
+    assert printer.bool("(s0 <= 4) | (s1 > 2)") == "((sym_s0 <= INT64_C(4)) || (sym_s1 > INT64_C(2)))"
+    assert printer.bool("~Eq(Mod(s0, 2), 0)") in ("(!(kl_mod(sym_s0, INT64_C(2)) == INT64_C(0)))",
+                                                 "(kl_mod(sym_s0, INT64_C(2)) != INT64_C(0))")

@@ -416,3 +416,25 @@ def test_a_released_reaper_leaves_the_server_alone(tmp_path):
         assert not _gone(server) and work.exists()  # stop() had ended it: the reaper does nothing
     finally:
         os.killpg(server, signal.SIGKILL)
+
+
+def test_the_serving_facade_gives_the_backends_lazily_and_names_what_it_lacks():
+    import kernel_lens.serving as serving
+    from kernel_lens.serving import backends
+
+    assert serving.BACKENDS is backends.BACKENDS and serving.get_backend is backends.get_backend
+    with pytest.raises(AttributeError, match="has no attribute 'backend_list'"):
+        serving.backend_list  # noqa: B018
+
+
+def test_a_tensor_type_triton_has_no_name_for_is_named_in_onnx_terms():
+    import onnx
+    from onnx import helper
+
+    from kernel_lens.errors import InputError
+    from kernel_lens.serving.interface import _spec
+
+    value = helper.make_tensor_value_info("z", onnx.TensorProto.COMPLEX64, ["n"])
+    with pytest.raises(InputError, match="Toy: 'z' is of ONNX type COMPLEX64, which Triton Inference "
+                                         "Server has no data type for"):
+        _spec(value, "Toy")

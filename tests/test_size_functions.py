@@ -226,3 +226,45 @@ def test_a_boolean_constexpr_compares_with_its_integer_spelling():
     sf.check_same(always, sympy.Integer(1), {s: ValueRanges(2, 2048)}, "one_tile_per_cta")
     with pytest.raises(Exception, match="kernel_lens bug"):
         sf.check_same(always, sympy.Integer(0), {s: ValueRanges(2, 2048)}, "one_tile_per_cta")
+
+
+@pytest.mark.parametrize("fn, want", [
+    ("BitwiseFn_bitwise_and", lambda n: n & 12), ("BitwiseFn_bitwise_or", lambda n: n | 12),
+    ("BitwiseFn_bitwise_xor", lambda n: n ^ 12), ("LShift", lambda n: n << 2),
+    ("RShift", lambda n: n >> 2)])
+def test_integer_bit_functions_evaluate_exactly_over_the_range(fn, want):
+    # torch spells bit operations on sizes as these functions; each is evaluated exactly
+    import numpy as np
+    import torch.utils._sympy.functions as tf
+
+    s = sympy.Symbol("s", integer=True, positive=True)
+    arg = 12 if fn.startswith("Bitwise") else 2
+    expr = getattr(tf, fn)(s, sympy.Integer(arg))
+    n = np.arange(1, 100, dtype=np.int64)
+    assert sf._evaluate(expr, s, n, {}).tolist() == [want(int(v)) for v in n]
+
+
+def test_a_violation_torch_gives_no_reason_for_still_names_the_dim():
+    from kernel_lens.frontends.trace.export import _constraint_violation
+
+    message = _constraint_violation("Constraints violated (seq, batch)! see the log\n")
+    assert message == ("torch.export rejects the declared dynamic range of Dim 'seq', Dim 'batch': "
+                       "the model's code only works for part of that range")
+    assert _constraint_violation("some other failure") is None
+
+
+def test_a_view_at_a_dynamic_offset_has_no_address_under_torch_export():
+    import types
+
+    from kernel_lens.errors import UnsupportedKernelError
+    from kernel_lens.frontends.capture.tensor_likes import Tokens
+
+    view = types.SimpleNamespace(_base=None, storage_offset=lambda: sympy.Symbol("s0") + 4,
+                                 element_size=lambda: 4)
+    with pytest.raises(UnsupportedKernelError, match=r"data_ptr\(\) of a view whose storage offset "
+                       r"depends on a dynamic size \(s0 \+ 4\) was asked for under torch.export"):
+        Tokens().address(view)
+    root = types.SimpleNamespace(_base=None, storage_offset=lambda: 0, element_size=lambda: 4)
+    at_three = types.SimpleNamespace(_base=root, storage_offset=lambda: 3, element_size=lambda: 4)
+    tokens = Tokens()
+    assert tokens.address(at_three) - tokens.address(root) == 12  # one root, 3 elements on

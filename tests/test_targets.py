@@ -187,3 +187,14 @@ def test_third_party_target_via_entry_point(third_party, tmp_path):
                            str(tmp_path / "cli")], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "cli" / "libkl_ToyModel_c.so").is_file()
+
+
+def test_each_target_names_what_it_needs_for_each_stage():
+    # doctor and the preflight print these names: what is missing, in the user's words
+    from kernel_lens.targets.base import get_target
+
+    names = lambda target, stop=None: [what for what, _ in get_target(target).requirements(stop)]  # noqa: E731
+    assert names("ort") == ["C++ compiler", "ONNX Runtime headers"]
+    assert names("ort", "emit") == ["ONNX Runtime headers"] and names("ort", "lower") == []
+    assert names("trt") == ["C++ compiler", "TensorRT headers", "CUDA runtime headers"]
+    assert names("trt", "emit") == ["TensorRT headers"] and names("trt", "lower") == []

@@ -546,3 +546,30 @@ def test_a_rebuild_that_fails_half_way_leaves_no_loadable_mix(toy_ir, tmp_path):
     Flaky.fail = False
     CompiledModel(toy_ir).write(out, ["flaky_rebuild"])
     assert kl.load(out).artifacts["flaky_rebuild.library"].read_bytes() == b"old"
+
+
+def test_a_sealed_entry_whose_file_names_hold_two_spaces_checks_out(tmp_path):
+    # the record's lines are "<sha256>  <path>": a path may itself hold "  "
+    entry = tmp_path / "entry"
+    (entry / "sub  dir").mkdir(parents=True)
+    (entry / "sub  dir" / "a  b.txt").write_text("x")
+    (entry / "plain").write_text("y")
+    for p in (entry, entry / "sub  dir"):
+        p.chmod(0o755)
+    cache.seal_tree(entry)
+    assert cache.tree_problem(entry) is None
+    (entry / "sub  dir" / "a  b.txt").write_text("changed")
+    assert "a  b.txt" in cache.tree_problem(entry)
+
+
+def test_discard_never_raises_when_the_moved_aside_copy_cannot_be_removed(tmp_path, monkeypatch):
+    entry = tmp_path / "stale"
+    entry.mkdir()
+    (entry / "f").write_text("x")
+
+    def rmtree(path, ignore_errors=False, **kwargs):
+        if not ignore_errors:
+            raise PermissionError(13, "busy", str(path))
+    monkeypatch.setattr(cache.shutil, "rmtree", rmtree)
+    cache.discard(entry)
+    assert not entry.exists()  # moved aside at once: no reader sees it
