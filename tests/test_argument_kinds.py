@@ -155,6 +155,8 @@ class _Launch(torch.nn.Module):
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"DT": tl.pointer_type(tl.float32)}, r"argument 'DT': constexpr .* pointer_type"),
+    # tl.constexpr(...) handed to an unannotated parameter: the same refusal, naming it
+    ({"n": tl.constexpr(tl.pointer_type(tl.float32))}, r"argument 'n': constexpr .* pointer_type"),
     ({"n": (16, [1])}, r"argument 'n\[1\]' of type list: .*tuples, not lists"),
     ({"n": "16"}, r"argument 'n' of type str: .*only for tl.constexpr parameters"),
     ({"n": tl.float32}, r"argument 'n' of type dtype: .*only for a tl.constexpr parameter"),

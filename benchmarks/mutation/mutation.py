@@ -123,7 +123,7 @@ def collect(names_file: Path) -> dict:
     no_tests = [n for n in names if status[n] == "no tests"]
     verdict = {n: triage.get(n, ["untriaged"])[0] for n in survivors}
     equivalent = [n for n in survivors if verdict[n] == "equivalent"]
-    fixed = [n for n in survivors if verdict[n] == "gap, fixed"]
+    fixed = [n for n in survivors if verdict[n] in ("gap, fixed", "killed by hand")]
     not_run = [n for n in names if status[n] == "not checked"]
     measured = [n for n in names if status[n] != "not checked"]
 
@@ -134,7 +134,7 @@ def collect(names_file: Path) -> dict:
                 "ci95": [round(max(0.0, p - half), 4), round(min(1.0, p + half), 4)]}
 
     # no CPU test reaches it: the ORT session code (GPU only), or a gap the triage names
-    no_tests_fixed = [n for n in no_tests if triage.get(n, [""])[0] == "gap, fixed"]
+    no_tests_fixed = [n for n in no_tests if triage.get(n, [""])[0] in ("gap, fixed", "killed by hand")]
     no_tests_equivalent = [n for n in no_tests if triage.get(n, [""])[0] == "equivalent"]
     gpu_only = [n for n in survivors + no_tests if triage.get(n, [""])[0] == "gpu-only"]
     equivalent = equivalent + no_tests_equivalent
@@ -149,16 +149,23 @@ def collect(names_file: Path) -> dict:
     return {
         "tool": "mutmut " + __import__("mutmut").__version__,
         "generated": len(codes), "sampled": len(names), "sample_seed": 0,
+        "sample_rule": "uniform over the mutants of functions with a line added since 2026-12-01 "
+                       "(mutation.py sample N SEED --since 2026-12-01)",
         "statuses": dict(counts),
         # measured: every sampled mutant that got a verdict; "no tests" (no CPU test reaches the
         # function: GPU-only code) counts as not killed
         "score": score(len(killed), len(measured)),
         "score_equivalent_removed": score(len(killed), len(measured) - len(equivalent)),
         "score_with_followup_tests": score(len(killed) + len(fixed), len(measured) - len(equivalent)),
+        # the same without the mutants only a GPU (or a running server) reaches: what the CPU
+        # suite can be asked to catch (tests/gpu covers the rest on the GPU host)
+        "score_cpu_reachable": score(len(killed) + len(fixed),
+                                     len(measured) - len(equivalent) - len(gpu_only)),
         "gpu_only": gpu_only,
-        "followup_note": "survivors triaged 'gap, fixed' are killed by tests added after the run: "
-                         "12 re-run by mutmut and killed, 4 in code since removed or rewritten "
-                         "(see triage.json)",
+        "followup_note": "survivors triaged 'gap, fixed' are killed by tests added after the run "
+                         "(re-run by mutmut: see rerun in the README); 'killed by hand': mutmut "
+                         "could not activate the mutant (code run while tests are collected), "
+                         "applied by hand the named test fails (see triage.json)",
         "not_run": not_run,
         "sampled_by_module": dict(sorted(by_file.items())),
         "survivors": [{"name": n, "diff": diffs[n], "triage": triage.get(n, ["untriaged", ""])}
@@ -174,8 +181,9 @@ if __name__ == "__main__":
         since = args[args.index("--since") + 1] if "--since" in args else None
         plain = [a for i, a in enumerate(args) if a != "--since" and (i == 0 or args[i - 1] != "--since")]
         print("\n".join(sample(int(plain[0]), int(plain[1]) if len(plain) > 1 else 0, since)))
-    elif sys.argv[1] == "collect":
+    elif sys.argv[1] == "collect":  # collect NAMES [OUT.json]
         result = collect(Path(sys.argv[2]))
-        (HERE / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+        out = Path(sys.argv[3]) if len(sys.argv) > 3 else HERE / "results.json"
+        out.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
         print(json.dumps({k: v for k, v in result.items() if k.startswith(("score", "statuses"))}, indent=1))
         print("survivors:", {n["name"]: n["triage"][0] for n in result["survivors"]})
