@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import sympy
 from hypothesis import given, settings, strategies as st
 
@@ -82,3 +83,13 @@ def test_non_integer_constants_are_refused_by_name():
             assert f"non-integer constant {constant} in a shape expression" in str(exc)
         else:
             raise AssertionError(f"{constant} accepted")
+
+
+def test_plain_python_integers_become_sympy_integers_and_other_objects_are_refused():
+    from kernel_lens.errors import SymbolicError
+    from kernel_lens.ir.symbolic import to_plain_sympy
+
+    assert to_plain_sympy(7) == sympy.Integer(7) and isinstance(to_plain_sympy(7), sympy.Integer)
+    assert to_plain_sympy(True) == sympy.Integer(1)
+    with pytest.raises(SymbolicError, match=r"not a symbolic integer: 'x'"):
+        to_plain_sympy("x")
