@@ -93,3 +93,15 @@ def test_plain_python_integers_become_sympy_integers_and_other_objects_are_refus
     assert to_plain_sympy(True) == sympy.Integer(1)
     with pytest.raises(SymbolicError, match=r"not a symbolic integer: 'x'"):
         to_plain_sympy("x")
+
+
+def test_torchs_float_to_int_functions_become_floor_and_ceiling():
+    # math.floor(a / b) and math.ceil(a / b) on sizes reach the trace as FloorToInt/CeilToInt of
+    # IntTrueDiv; as plain sympy they are floor and ceiling of the exact quotient
+    from torch.utils._sympy.functions import CeilToInt, FloorToInt, IntTrueDiv
+
+    s = sympy.Symbol("s", integer=True, positive=True)
+    plain = symbol("s")
+    assert to_plain_sympy(FloorToInt(IntTrueDiv(s, 3))) == sympy.floor(plain / 3)
+    assert to_plain_sympy(CeilToInt(IntTrueDiv(s, 3))) == sympy.ceiling(plain / 3)
+    assert evaluate(to_plain_sympy(FloorToInt(IntTrueDiv(s, 3))), {"s": 10}) == 3
