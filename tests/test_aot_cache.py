@@ -89,6 +89,12 @@ def _foreign(path):  # a valid entry, with its hash recorded, but written for an
     kl_cache.write_entry(path, json.dumps(entry, sort_keys=True).encode())
 
 
+def _malformed(path):  # hash recorded, right key, but a field of the wrong type
+    entry = json.loads(path.read_bytes())
+    entry["ptx"] = 42
+    kl_cache.write_entry(path, json.dumps(entry, sort_keys=True).encode())
+
+
 def _group_writable(path):
     os.chmod(path, 0o664)
 
@@ -106,6 +112,7 @@ def _truncated(path):
 @pytest.mark.parametrize("spoil, why", [
     (_tamper, "sha256 does not match"),
     (_foreign, "another key"),
+    (_malformed, "is malformed (ValueError); recompiling it"),
     (_group_writable, "writable by group or others"),
     (_symlink, "symbolic link"),
     (_truncated, "sha256 does not match"),

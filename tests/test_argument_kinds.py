@@ -130,10 +130,10 @@ def test_tensor_descriptors_lift_with_their_shapes_and_tma_abi():
     assert (args["x_desc"].constant, args["y_desc"].constant) == ("zero", "nan")
     for binary in kernel.binaries:  # sm_90: Triton lowers both to TMA
         assert [m.block_size for m in binary.tensordesc_meta] == [[16, 32], [16, 32]]
-        parts = [(a.name, a.part, a.c_type) for a in binary.abi if a.name == "x_desc"]
-        assert parts == [("x_desc", "tma", "CUtensorMap"), ("x_desc", "shape", "int32_t"),
-                         ("x_desc", "shape", "int32_t"), ("x_desc", "stride", "int64_t"),
-                         ("x_desc", "stride", "int64_t")]
+        parts = [(a.name, a.part, a.c_type, a.dim) for a in binary.abi if a.name == "x_desc"]
+        assert parts == [("x_desc", "tma", "CUtensorMap", None), ("x_desc", "shape", "int32_t", 0),
+                         ("x_desc", "shape", "int32_t", 1), ("x_desc", "stride", "int64_t", 0),
+                         ("x_desc", "stride", "int64_t", 1)]
 
 
 @triton.jit
