@@ -448,3 +448,35 @@ def test_launch_through_a_compiled_kernel_built_before_capture():
     assert (kernel.options.num_warps, kernel.options.num_stages) == (8, 2)
     assert kernel.param("BLOCK_SIZE").constexpr_value == 64
     assert kernel.binaries[0].ptx == handle.asm["ptx"]  # the same binary as the handle's
+
+
+class _NoModuleCallable:
+    """A callable whose ``__module__`` cannot be read (proxies and lazy objects do this)."""
+
+    def __call__(self):
+        return None
+
+    def __getattribute__(self, name):
+        if name == "__module__":
+            raise AttributeError(name)
+        return object.__getattribute__(self, name)
+
+
+_odd_global = _NoModuleCallable()  # in this kernel module's globals, beside libdevice's names
+
+
+@triton.jit
+def _tanh_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tanh(tl.load(x_ptr + offs, mask=offs < n)), mask=offs < n)
+
+
+def test_libdevice_is_mapped_in_a_kernel_module_holding_a_callable_without_a_module():
+    def model(x):
+        out = torch.empty_like(x)
+        _tanh_kernel[(1,)](x, out, x.numel(), BLOCK=16)
+        return out
+
+    x = torch.linspace(-2, 2, 16)
+    got = capture(model, (x,), 90).outputs
+    assert torch.allclose(got, torch.tanh(x), atol=1e-6)
