@@ -18,7 +18,7 @@ exactly ``v0 + sum(d_i * Min(1, Max(0, n - b_i + 1)))``, which the grammar spell
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import sympy
@@ -66,26 +66,10 @@ def pieces(expr: sympy.Expr, ranges: dict, limit: int = MAX_PIECES) -> list[tupl
                             f"kernel_lens splits functions of one size only")
     sym = free[0]
     lo, hi = _bounds(ranges, sym)
-    out: list[tuple[int, int, int]] = []
-    todo, probes = [(lo, hi)], 0
-    while todo:
-        a, b = todo.pop()
-        probes += 1
-        if probes > _MAX_PROBES:
-            raise SymbolicError(f"{_brief(expr)} over {sym} in [{lo}, {hi}] could not be split into "
-                                f"constant pieces within {_MAX_PROBES} evaluations")
-        if b - a < _DENSE:
-            out += _dense_pieces(expr, sym, a, b)
-        else:
-            vr = bound_sympy(expr, {sym: ValueRanges(a, b)})
-            if vr.lower == vr.upper and getattr(vr.lower, "is_Integer", False):
-                out.append((int(vr.lower), a, b))
-            else:
-                mid = (a + b) // 2
-                todo += [(mid + 1, b), (a, mid)]  # lower half popped first
-        if len(out) > 4 * limit and len(_merged(out)) > limit:
-            break
-    merged = _merged(out)
+
+    def constant(vr: ValueRanges) -> int | None:
+        return int(vr.lower) if vr.lower == vr.upper and getattr(vr.lower, "is_Integer", False) else None
+    merged = _bisect(expr, sym, lo, hi, limit, constant, "into constant pieces ")
     if len(merged) > limit:
         raise SymbolicError(f"{_brief(expr)} takes more than {limit} values over {sym} in [{lo}, {hi}]")
     return merged
@@ -103,30 +87,43 @@ def truth_pieces(cond: sympy.Basic, ranges: dict, limit: int = MAX_PIECES) -> li
                             f"conditions of one size")
     sym = free[0]
     lo, hi = _bounds(ranges, sym)
+
+    def constant(vr: ValueRanges) -> int | None:
+        proven = vr.lower == vr.upper and vr.lower in (sympy.true, sympy.false)
+        return int(vr.lower is sympy.true) if proven else None
+    merged = _bisect(cond, sym, lo, hi, limit, constant, "")
+    if len(merged) > limit:
+        raise SymbolicError(f"{_brief(cond)} changes truth more than {limit} times over {sym} in "
+                            f"[{lo}, {hi}]")
+    return [(bool(v), a, b) for v, a, b in merged]
+
+
+def _bisect(expr: sympy.Basic, sym: sympy.Symbol, lo: int, hi: int, limit: int,
+            constant: Callable[[ValueRanges], int | None], into: str) -> list[tuple[int, int, int]]:
+    """The merged pieces ``(value, lo, hi)`` of ``expr`` over ``[lo, hi]``: boxes are split by
+    bisection until ``constant`` proves one from its interval bound (its value, else None) or it
+    is narrow enough to evaluate every point exactly. Stops early once more than ``limit``
+    pieces are certain (the caller refuses those)."""
     out: list[tuple[int, int, int]] = []
     todo, probes = [(lo, hi)], 0
     while todo:
         a, b = todo.pop()
         probes += 1
         if probes > _MAX_PROBES:
-            raise SymbolicError(f"{_brief(cond)} over {sym} in [{lo}, {hi}] could not be split "
-                                f"within {_MAX_PROBES} evaluations")
+            raise SymbolicError(f"{_brief(expr)} over {sym} in [{lo}, {hi}] could not be split "
+                                f"{into}within {_MAX_PROBES} evaluations")
         if b - a < _DENSE:
-            out += _dense_pieces(cond, sym, a, b)
-            continue
-        vr = bound_sympy(cond, {sym: ValueRanges(a, b)})
-        if vr.lower == vr.upper and vr.lower in (sympy.true, sympy.false):
-            out.append((int(vr.lower is sympy.true), a, b))
+            out += _dense_pieces(expr, sym, a, b)
         else:
-            mid = (a + b) // 2
-            todo += [(mid + 1, b), (a, mid)]
+            value = constant(bound_sympy(expr, {sym: ValueRanges(a, b)}))
+            if value is not None:
+                out.append((value, a, b))
+            else:
+                mid = (a + b) // 2
+                todo += [(mid + 1, b), (a, mid)]  # lower half popped first
         if len(out) > 4 * limit and len(_merged(out)) > limit:
             break
-    merged = _merged(out)
-    if len(merged) > limit:
-        raise SymbolicError(f"{_brief(cond)} changes truth more than {limit} times over {sym} in "
-                            f"[{lo}, {hi}]")
-    return [(bool(v), a, b) for v, a, b in merged]
+    return _merged(out)
 
 
 def _dense_pieces(expr: sympy.Expr, sym: sympy.Symbol, a: int, b: int) -> list[tuple[int, int, int]]:
