@@ -77,8 +77,8 @@ def check_device(built: Iterable[tuple[int, bool]], cc: int, what: str) -> int:
     built = list(built)
     picked = pick_arch(built, cc)
     if picked is None:
-        have = names(sorted({a for a, _ in built}))
-        raise ArchError(f"{what} was built for {have}; this GPU is sm_{cc}, which none of them "
-                        f"runs on: compile again with --arch sm_{cc} (or add it, e.g. "
-                        f"--arch {','.join(f'sm_{a}' for a in sorted({a for a, _ in built}))},sm_{cc})")
+        have = sorted({a for a, _ in built})
+        raise ArchError(f"{what} was built for {names(have)}; this GPU is sm_{cc}, which none of "
+                        f"them runs on: compile again with --arch sm_{cc} (or add it, e.g. "
+                        f"--arch {','.join(f'sm_{a}' for a in have)},sm_{cc})")
     return picked

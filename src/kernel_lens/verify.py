@@ -31,7 +31,7 @@ from .frontends.trace.size_pieces import resized_inputs
 from .ir import GraphIR
 from .model_file import load_model_file
 from .runtime.signature import CallSignature, torch_dtype
-from .verify_launches import LaunchCheck, compare_launches
+from .verify_launches import LaunchCheck, compare_launches, same_bytes
 
 MAX_SIZE = 4096  # the largest size verify runs by default (a declared max of 2**20 is capped)
 
@@ -165,8 +165,7 @@ def _compare(name: str, got: torch.Tensor, want: torch.Tensor) -> OutputCheck:
     diff = (g - w).abs().nan_to_num(nan=float("inf")) if g.numel() else torch.zeros(1)
     check.max_abs = float(diff.max()) if diff.numel() else 0.0
     check.max_rel = float((diff / w.abs().clamp_min(1e-12)).max()) if diff.numel() else 0.0
-    check.exact = bool(torch.equal(got.contiguous().view(-1).view(torch.uint8),
-                                   want.contiguous().view(-1).view(torch.uint8))) if got.numel() else True
+    check.exact = same_bytes(got, want)
     return check
 
 
@@ -239,8 +238,7 @@ def verify(model: Any, example_inputs: tuple, dynamic_shapes: Any, compiled: Com
                                    else "not bit-exact (give --rtol/--atol to accept a difference)")
             check.outputs.append(out)
         if "ort.onnx" in compiled.artifacts and "ort.library" in compiled.artifacts:
-            _check_launches(check, model if not isinstance(model, torch.nn.Module) else eager_model,
-                            inputs, compiled)
+            _check_launches(check, eager_model, inputs, compiled)
         copies = [tuple(t.clone() for t in inputs) for _ in range(2)]
         check.eager_ms = _median_ms(lambda: eager_model(*copies[0]), repeats)
         check.compiled_ms = _median_ms(lambda: compiled.run(*copies[1]), repeats)

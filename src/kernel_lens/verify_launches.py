@@ -20,11 +20,10 @@ from typing import Any
 import onnx
 import torch
 
-from .codegen.launch_io import launch_io
+from .codegen.launch_io import LaunchIO, launch_io
 from .frontends.capture.recorder import CapturedLaunch, capture
 from .ir import GraphIR
 from .ir.symbolic import evaluate, parse
-from .ir.types import dtype_from_torch
 from .onnx.context import DOMAIN, onnx_dtype
 from .runtime.signature import CallSignature, torch_dtype
 
@@ -48,35 +47,28 @@ class LaunchCheck:
         return all(w.exact for w in self.written)
 
 
-def _written_params(ir: GraphIR) -> list[list[tuple[str, int]]]:
-    """Per launch of ``ir``: (kernel parameter, node output index) of each tensor it writes."""
-    out = []
-    for launch in ir.launches:
-        io = launch_io(ir, launch, f"__{launch.order}")
-        out.append([(p, j) for p, (kind, j) in io.bindings.items() if kind == "out"])
-    return out
+def _written(io: LaunchIO) -> list[tuple[str, int]]:
+    """(kernel parameter, node output index) of each tensor a launch writes."""
+    return [(p, j) for p, (kind, j) in io.bindings.items() if kind == "out"]
 
 
-def eager_launch_results(model: Any, inputs: tuple, ir: GraphIR) -> tuple[list[str], list[dict]]:
-    """Kernel names of the eager run's launches, and per launch a copy of each tensor the IR's
-    launch of that index writes, taken right after it ran."""
-    written = _written_params(ir)
-    names: list[str] = []
+def eager_launch_results(model: Any, inputs: tuple, ir: GraphIR,
+                         ios: list[LaunchIO]) -> list[dict[str, torch.Tensor]]:
+    """Per launch of the eager run, a copy of each tensor the IR's launch of that index writes
+    (``ios``: each launch's node), taken right after it ran."""
     copies: list[dict[str, torch.Tensor]] = []
 
     def after(launch: CapturedLaunch) -> None:
-        i = len(names)
-        names.append(launch.jit.__name__ if hasattr(launch.jit, "__name__") else str(launch.jit))
-        params = dict(written[i]) if i < len(written) else {}
+        params = dict(_written(ios[len(copies)])) if len(copies) < len(ios) else {}
         copies.append({p: launch.params[p].clone() for p in params
                        if isinstance(launch.params.get(p), torch.Tensor)})
 
     capture(model, inputs, ir.arch, after_launch=after)
-    return names, copies
+    return copies
 
 
-def compiled_launch_results(ir: GraphIR, onnx_path: Path, library: Path, inputs: tuple,
-                            device: int) -> list[list[torch.Tensor]]:
+def compiled_launch_results(ir: GraphIR, ios: list[LaunchIO], onnx_path: Path, library: Path,
+                            inputs: tuple, device: int) -> list[list[torch.Tensor]]:
     """Per launch, its node's outputs (the written roots), from ORT's CUDA EP."""
     import onnxruntime as ort  # lazy: only a GPU run with ORT artifacts needs it
 
@@ -89,16 +81,16 @@ def compiled_launch_results(ir: GraphIR, onnx_path: Path, library: Path, inputs:
     names = list(ir.symbols)
     sizes = dict(zip(names, CallSignature(ir).symbol_values(list(inputs))))
     have = {o.name for o in graph.output}
-    marked: dict[str, torch.Tensor] = {}
-    for i, launch in enumerate(ir.launches):
-        io = launch_io(ir, launch, f"__{launch.order}")
+    marked: dict[str, tuple[torch.Tensor, int]] = {}  # node output -> (buffer, ONNX type)
+    for i, io in enumerate(ios):
         for (value, _), name in zip(io.outputs, nodes.get(i, [])):
             info = ir.values[value]
             if name not in have:
                 graph.output.append(onnx.helper.make_tensor_value_info(name, onnx_dtype(info.dtype), None))
                 have.add(name)
             shape = [evaluate(parse(d, names), sizes) for d in info.shape]
-            marked[name] = torch.empty(shape, dtype=torch_dtype(info.dtype), device=f"cuda:{device}")
+            marked[name] = (torch.empty(shape, dtype=torch_dtype(info.dtype), device=f"cuda:{device}"),
+                            onnx_dtype(info.dtype))
     with tempfile.TemporaryDirectory(prefix="kl_verify_") as tmp:
         path = Path(tmp) / "marked.onnx"
         onnx.save(model, str(path), save_as_external_data=True, location="marked.data")
@@ -113,19 +105,14 @@ def compiled_launch_results(ir: GraphIR, onnx_path: Path, library: Path, inputs:
             binding.bind_input(name, "cuda", device, onnx_dtype(ir.values[name].dtype),
                                tuple(t.shape), t.data_ptr())
         for out in session.get_outputs():
-            t = marked.get(out.name)
-            if t is None:
+            if out.name not in marked:
                 binding.bind_output(out.name, "cuda", device)  # ORT allocates the model's outputs
             else:
-                binding.bind_output(out.name, "cuda", device, onnx_dtype(_ir_dtype(t)),
-                                    tuple(t.shape), t.data_ptr())
+                t, code = marked[out.name]
+                binding.bind_output(out.name, "cuda", device, code, tuple(t.shape), t.data_ptr())
         torch.cuda.synchronize(device)
         session.run_with_iobinding(binding)
-    return [[marked[n] for n in nodes.get(i, [])] for i in range(len(ir.launches))]
-
-
-def _ir_dtype(t: torch.Tensor):
-    return dtype_from_torch(t.dtype)
+    return [[marked[n][0] for n in nodes.get(i, [])] for i in range(len(ios))]
 
 
 def compare_written(param: str, root: torch.Tensor | None, want: torch.Tensor | None) -> WrittenCheck:
@@ -141,14 +128,16 @@ def compare_written(param: str, root: torch.Tensor | None, want: torch.Tensor | 
         check.problem = "not compared (the node's output is laid out unlike the argument)"
         return check
     view = flat.as_strided(want.shape, want.stride(), want.storage_offset()) if want.numel() else want
-    check.exact = bool(torch.equal(_bytes(view), _bytes(want)))
+    check.exact = same_bytes(view, want)
     diff = (view.double() - want.double()).abs().nan_to_num(nan=float("inf"))
     check.max_abs = float(diff.max()) if diff.numel() else 0.0
     return check
 
 
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().reshape(-1).view(torch.uint8)
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``a`` and ``b`` hold the same bytes, element by element (bit-exact, NaNs included)."""
+    return bool(torch.equal(a.contiguous().reshape(-1).view(torch.uint8),
+                            b.contiguous().reshape(-1).view(torch.uint8)))
 
 
 def compare_launches(model: Any, inputs: tuple, ir: GraphIR, onnx_path: Path, library: Path,
@@ -157,15 +146,16 @@ def compare_launches(model: Any, inputs: tuple, ir: GraphIR, onnx_path: Path, li
     comparison was made (empty when it was)."""
     if ir.pieces:
         return [], "per-launch results of a model split by size (its launches are in If branches)"
-    names, eager = eager_launch_results(model, tuple(t.clone() for t in inputs), ir)
-    if len(names) != len(ir.launches):
-        return [], (f"per-launch results: the eager run made {len(names)} launches, the IR has "
+    ios = [launch_io(ir, launch, f"__{launch.order}") for launch in ir.launches]
+    eager = eager_launch_results(model, tuple(t.clone() for t in inputs), ir, ios)
+    if len(eager) != len(ir.launches):
+        return [], (f"per-launch results: the eager run made {len(eager)} launches, the IR has "
                     f"{len(ir.launches)} (a launch the trace folded or split)")
-    compiled = compiled_launch_results(ir, onnx_path, library, inputs, device)
+    compiled = compiled_launch_results(ir, ios, onnx_path, library, inputs, device)
     checks = []
-    for i, (launch, want, got) in enumerate(zip(ir.launches, eager, compiled)):
+    for i, (launch, io, want, got) in enumerate(zip(ir.launches, ios, eager, compiled)):
         check = LaunchCheck(i, ir.kernels[launch.kernel].name)
-        for param, j in _written_params(ir)[i]:
+        for param, j in _written(io):
             check.written.append(compare_written(param, got[j] if j < len(got) else None,
                                                  want.get(param)))
         checks.append(check)

@@ -274,8 +274,8 @@ class GraphIR(_Model):
         one arch for the device and runs that arch's binaries only."""
         built = {kid: sorted({b.arch for b in k.binaries}) for kid, k in self.all_kernels().items()
                  if k.binaries}
+        first, want = next(iter(built.items()), (None, None))
         for kid, archs in built.items():
-            first, want = next(iter(built.items()))
             if archs != want:
                 raise ValueError(f"kernel {kid!r} has binaries for {arch_names(archs)} but kernel "
                                  f"{first!r} for {arch_names(want)}; every kernel is built for the "
