@@ -101,6 +101,10 @@ def _front_half_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dynamic", action="store_true",
                    help="make every input dim that can vary dynamic (torch.export Dim.AUTO) "
                         "instead of the file's dynamic_shapes; prints the ranges settled on")
+    p.add_argument("--opt-level", type=int, default=None, metavar="N",
+                   help="optimizations of the lowered ONNX graph: 0 none, 1 (default) fused "
+                        "sibling GEMMs and grouped-query attention without expanded K/V; "
+                        "the Triton launches are never changed")
     p.add_argument("--ptx-version", default=None, help="lower PTX to this ISA version (e.g. 8.4)")
     p.add_argument("--cuda-version", default=None,
                    help="lower PTX to what this CUDA driver version accepts (e.g. 12.4)")
@@ -224,7 +228,8 @@ def _compile(args: argparse.Namespace, **kwargs):
         mf = load_model_file(args.file)
     compiled = compile(mf.model, mf.example_inputs, arch=args.arch, **_shapes(args, mf),
                        roles=args.roles or mf.roles, autotune=args.autotune or mf.autotune,
-                       options=_options(args), **kwargs)  # an override naming no autotuned kernel: InputError
+                       options=_options(args), optimize=args.opt_level,
+                       **kwargs)  # an override naming no autotuned kernel: InputError
     _report_dims(args, compiled.ir)
     return compiled
 

@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -26,6 +26,7 @@ from .fileio import atomic_copy, atomic_write, check_folder, ensure_folder, insi
 from .frontends.aot import compile_binary
 from .frontends.lift import lift_with_outputs
 from .ir import GraphIR
+from .onnx.graph_passes import resolve as resolve_graph_passes
 from .onnx.lower import supported
 from .passes import PassContext, PassManager, PassTiming, default_pipeline
 from .runtime.signature import check_device
@@ -318,6 +319,7 @@ def compile(model: Callable, example_inputs: Iterable[Any], *, dynamic_shapes: A
             autotune: dict[str, dict] | None = None, pass_manager: PassManager | None = None,
             options: dict | None = None, output_dir: str | Path | None = None,
             targets: Iterable[str] = (), dynamic: bool = False,
+            optimize: int | Sequence[str] | None = None,
             stop_after: str | None = None, dump_after: Iterable[str] = (),
             dump: Callable[[str, GraphIR], None] | None = None) -> CompiledModel:
     """Lift ``model`` into GraphIR and run the pass pipeline over it.
@@ -329,7 +331,11 @@ def compile(model: Callable, example_inputs: Iterable[Any], *, dynamic_shapes: A
     by ``summary()``); ``roles`` overrides role inference per kernel
     (``{"kernel": {"param": "input"}}``); ``autotune`` picks a config per autotuned kernel
     (``{"kernel": {"BLOCK": 128}}``); ``options`` configure passes (e.g. ``ptx_version``);
-    ``targets`` (e.g. ``["ort"]``) are built into ``output_dir``. ``stop_after`` names a pass
+    ``targets`` (e.g. ``["ort"]``) are built into ``output_dir``. ``optimize`` chooses the
+    optimizations of the lowered ONNX graph (:mod:`kernel_lens.onnx.graph_passes`): a level
+    (``0``: none; ``1``, the default: fused sibling GEMMs, grouped-query attention without
+    expanded K/V) or a list of graph pass names; the user's Triton launches are never changed.
+    ``stop_after`` names a pass
     (the pipeline stops there) or a stage of the targets (``kernel_lens targets`` lists them:
     ``"emit"`` writes the C++ sources and builds nothing).
     """
@@ -346,12 +352,14 @@ def compile(model: Callable, example_inputs: Iterable[Any], *, dynamic_shapes: A
     dump_after = list(dump_after)
     pm.check_names([*dump_after, *([stop_after] if stop_after else [])])  # a typo costs no capture
     pm.check_options(dict(options or {}))
+    graph_passes = resolve_graph_passes(optimize)  # a bad level or name costs no capture
     for name in targets:  # missing headers or compilers: said now, not after the capture
         get_target(name).preflight(stage)
     ir, outputs = lift_with_outputs(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes,
                                     arch=arch, roles=roles, autotune=autotune, dynamic=dynamic,
                                     translatable=supported)
     check_autotune(autotune, ir)
+    ir.graph_passes = graph_passes
     ir = pm.run(ir, pass_context(options), stop_after=stop_after, dump_after=dump_after, dump=dump)
     compiled = CompiledModel(ir, outputs, list(pm.timings))
     if targets and output_dir is None:  # like torch.compile: artifacts live in the cache

@@ -109,7 +109,8 @@ def _graph_lines(ir: GraphIR) -> list[str]:
 def summarize(ir: GraphIR, timings: Iterable = ()) -> str:
     names = list(ir.symbols)
     out = [f"graph {ir.name}  ({arch_names(a for a, _ in ir.built_archs())}, IR schema {ir.schema_version})",
-           f"  passes run: {', '.join(ir.passes_run) or '(none)'}"]
+           f"  passes run: {', '.join(ir.passes_run) or '(none)'}",
+           f"  graph passes (at lowering): {', '.join(ir.graph_passes) or '(none: optimize=0)'}"]
     out.append("symbols:")
     for n, s in ir.symbols.items():
         hi = "inf" if s.max is None else s.max

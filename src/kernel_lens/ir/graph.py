@@ -20,7 +20,7 @@ from .names import Identifier, MAX_NAME
 from .symbolic import SymbolInfo, SymExpr, parse, symbol
 from .types import DType
 
-SCHEMA_VERSION = "1.3"
+SCHEMA_VERSION = "1.4"
 
 # What one document may hold: far past any model (an 80-layer LLM launches a few thousand
 # kernels), near enough that a crafted document is refused before it costs seconds or gigabytes.
@@ -225,6 +225,10 @@ class GraphIR(_Model):
         default_factory=list, description="what the IR is known to satisfy (passes' 'provides')"
     )
     passes_run: list[str] = Field(default_factory=list, description="passes applied, in order")
+    graph_passes: list[Identifier] = Field(
+        default_factory=list, max_length=64,
+        description="optimizations the lowering applies to the ONNX graph, in this order "
+        "(kernel_lens.compile's optimize=: names of kernel_lens.onnx.graph_passes; empty: none)")
     pieces: list[SizePiece] = Field(
         default_factory=list, max_length=MAX_PIECES, description="size branches: the graphs serving parts of the declared "
         "ranges, tried in order (empty: one graph, this one, serves every size)")

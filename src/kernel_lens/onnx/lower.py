@@ -55,7 +55,7 @@ import os
 import tempfile
 from importlib.metadata import version as dist_version
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Sequence, Union
 
 import onnx
 import onnx.inliner
@@ -72,6 +72,7 @@ from ..codegen.launch_io import launch_io, root_of
 from . import aten, rewrites, torchlib
 from .context import DOMAIN, DOMAIN_VERSION, onnx_dtype, value_info
 from .graph_builder import GraphBuilder
+from .graph_passes import GraphPassManager
 from .memory import MemoryModel
 from .pieces import combine_pieces
 from .external_data import check_locations, tensors
@@ -480,12 +481,13 @@ def lower_to_onnx(ir: GraphIR, *, opset: int = MIN_OPSET,
     (:mod:`kernel_lens.onnx.pieces`).
     """
     if not ir.pieces:
-        return lower_graph(ir, opset=opset, mutated_inputs=mutated_inputs)
+        return lower_graph(ir, opset=opset, mutated_inputs=mutated_inputs,
+                           graph_passes=ir.graph_passes)
     models, offset = [], 0
     for piece in ir.pieces:  # weights the pieces share are kept once, at the top level
         graph = piece.graph.model_copy(update={"constants": {**ir.constants, **piece.graph.constants}})
         models.append(lower_graph(graph, opset=opset, mutated_inputs=mutated_inputs,
-                                  launch_offset=offset))
+                                  launch_offset=offset, graph_passes=ir.graph_passes))
         offset += len(piece.graph.launches)
     model = combine_pieces(ir, models, Lowering(ir, opset, mutated_inputs))
     check_ops(model)
@@ -493,10 +495,11 @@ def lower_to_onnx(ir: GraphIR, *, opset: int = MIN_OPSET,
 
 
 def lower_graph(ir: GraphIR, *, opset: int = MIN_OPSET, mutated_inputs: bool = True,
-                launch_offset: int = 0) -> onnx.ModelProto:
-    """One graph (no pieces) lowered; its launch ``i`` has attribute ``launch = launch_offset + i``."""
+                launch_offset: int = 0, graph_passes: Sequence[str] = ()) -> onnx.ModelProto:
+    """One graph (no pieces) lowered; its launch ``i`` has attribute ``launch = launch_offset + i``;
+    ``graph_passes`` (names of :mod:`kernel_lens.onnx.graph_passes`) run after constant folding."""
     lowering = Lowering(ir, opset, mutated_inputs, launch_offset)
-    model = widen_fp8_expands(optimize(lowering.run()))
+    model = widen_fp8_expands(optimize(lowering.run(), graph_passes))
     check_ops(model, lowering.origin)
     return model
 
@@ -573,7 +576,7 @@ def check_ops(model: onnx.ModelProto, origin: dict[str, str] | None = None) -> N
               f" (function {fn.domain}::{fn.name})")
 
 
-def optimize(model: onnx.ModelProto) -> onnx.ModelProto:
+def optimize(model: onnx.ModelProto, graph_passes: Sequence[str] = ()) -> onnx.ModelProto:
     """onnxscript's constant folding and dead-node removal (part of what
     ``torch.onnx.export(..., optimize=True)`` runs): folds what is constant (a shape-derived
     attention scale for a static head size, CastLike, small weight transposes), removes what is
@@ -589,6 +592,9 @@ def optimize(model: onnx.ModelProto) -> onnx.ModelProto:
         onnxscript.optimizer.remove_unused_nodes(graph)
     if rewrites.apply(graph):  # attention on the layout the model keeps (see rewrites.py)
         onnxscript.optimizer.remove_unused_nodes(graph)
+    if graph_passes:  # the user's choice of optimizations (graph_passes.py)
+        GraphPassManager(graph_passes).run_on(graph)
+        onnxscript.optimizer.remove_unused_nodes(graph)
     out = oir.serde.serialize_model(graph)
     out.ir_version = version
     return out
@@ -601,7 +607,8 @@ def lower_to_onnx_cached(ir: GraphIR, *, opset: int = MIN_OPSET) -> onnx.ModelPr
     import torch  # lazy: torch takes seconds; the onnx layer imports no torch (targets emit and build without it)
 
     code = [Path(__file__).parent / f
-            for f in ("lower.py", "aten.py", "torchlib.py", "rewrites.py", "context.py", "external_data.py")]
+            for f in ("lower.py", "aten.py", "torchlib.py", "rewrites.py", "graph_passes.py", "context.py",
+                      "external_data.py")]
     code += [Path(__file__).parents[1] / "aten_facts.py", Path(__file__).parents[1] / "codegen" / "launch_io.py"]
     key = entry_cache.key_of("onnx/1", _version(), torch.__version__, dist_version("onnxscript"),
                              onnx.__version__, opset, *(p.read_bytes() for p in code),

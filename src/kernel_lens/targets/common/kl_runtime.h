@@ -63,6 +63,9 @@ struct Driver {
   CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream) = nullptr;
   CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream) = nullptr;
   CUresult (*cuCtxGetId)(CUcontext, unsigned long long*) = nullptr;  // CUDA 12.0+
+  // Looked up but optional (the ORT target gives cuBLAS a workspace with them, kl_ort.cpp).
+  CUresult (*cuStreamIsCapturing)(CUstream, int*) = nullptr;
+  CUresult (*cuMemAlloc)(CUdeviceptr*, size_t) = nullptr;
   // CUDA 12.0+, looked up but optional: only kernels that take TMA descriptors need it.
   CUresult (*cuTensorMapEncodeTiled)(void*, int, unsigned, void*, const uint64_t*, const uint64_t*,
                                      const unsigned*, const unsigned*, int, int, int, int) = nullptr;
@@ -130,6 +133,8 @@ inline const Driver* driver(Status* error) {
     need("cuMemsetD8Async", &d.cuMemsetD8Async);
     need("cuCtxGetId", &d.cuCtxGetId);
     load_symbol(lib, "cuTensorMapEncodeTiled", &d.cuTensorMapEncodeTiled);  // optional, see above
+    load_symbol(lib, "cuStreamIsCapturing", &d.cuStreamIsCapturing);         // optional, see above
+    load_symbol(lib, "cuMemAlloc_v2", &d.cuMemAlloc);
     if (missing != nullptr) {
       load_error = "kernel_lens: the CUDA driver " + path + " lacks the entry point " + missing +
                    "; update the NVIDIA driver (CUDA 12.0 or newer is required)";
