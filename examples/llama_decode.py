@@ -62,12 +62,15 @@ SIZES = {
 
 class LlamaDecodeStep(torch.nn.Module):
     """A decode step of ``LlamaForCausalLM`` with a static KV cache; ``triton=False`` keeps the
-    HF norms/MLP/RoPE in torch (the plain reference)."""
+    HF norms/MLP/RoPE in torch (the plain reference). ``max_len`` overrides the size's cache
+    length (the weights do not depend on it: the same ``seed`` gives the same weights)."""
 
-    def __init__(self, size: str = "tiny", triton: bool = True, seed: int = 0):
+    def __init__(self, size: str = "tiny", triton: bool = True, seed: int = 0,
+                 max_len: int | None = None):
         super().__init__()
         sizes = dict(SIZES[size])
-        self.max_len = sizes.pop("max_len")
+        default_max_len = sizes.pop("max_len")  # not a LlamaConfig field
+        self.max_len = default_max_len if max_len is None else max_len
         config = transformers.LlamaConfig(**sizes, max_position_embeddings=max(self.max_len, 2048),
                                           attn_implementation="sdpa")
         torch.manual_seed(seed)
