@@ -357,3 +357,18 @@ def test_doctor_probes_say_what_they_found(monkeypatch):
     assert status == 1
     assert lines[0] == ("ort", "cannot build: target not installed (entry point kernel_lens.targets: "
                                "ort); listing targets failed: RuntimeError: entry points unreadable")
+
+
+def test_an_unknown_opt_level_is_one_line_before_any_work(tmp_path, run):
+    out = tmp_path / "out"
+    status, _, err = run("compile", TOY, "-o", str(out), "--opt-level", "3")
+    line = one_line_error(status, err, "InputError")
+    assert "optimize=3: the levels are 0, 1" in line and "gqa_without_expand" in line, line
+    assert not out.exists() or not any(out.iterdir())  # refused before the capture wrote anything
+
+
+def test_opt_level_reaches_the_ir_and_the_summary(tmp_path, run):
+    for level, shown in (("0", "(none: optimize=0)"), ("1", "fuse_sibling_matmuls, gqa_without_expand")):
+        status, out, err = run("dump-ir", TOY, "--opt-level", level)
+        assert status == 0, err
+        assert f"graph passes (at lowering): {shown}" in out
