@@ -6,8 +6,14 @@ custom ops launch on the same stream torch uses.
 
 The call path is lean: everything that does not depend on the call's tensors (dtype codes,
 rank and dim checks, output-shape evaluators as exact integer closures: the model's
-:class:`~kernel_lens.runtime.signature.CallSignature`) is computed once, and
-a binding is only re-made for a tensor whose pointer or shape changed since the last call.
+:class:`~kernel_lens.runtime.signature.CallSignature`) is computed once; what depends only on
+the tensors' layout (symbol values, output shapes, the checks' verdict) once per layout
+(:meth:`CallSignature.checked`). A few IOBindings are kept per session, each holding the pointers
+and shapes of an earlier call, and a call with the same ones binds nothing. Outputs made while the
+caller still holds the last call's alternate between two buffers, so a call with new output
+buffers gets a binding of its own (up to KEPT_BINDINGS); any other call re-binds only the names
+that differ in the closest kept binding. On torch's legacy default stream the ordering with
+ORT's own stream uses two events made once.
 
 Inputs the model writes in place (a KV cache) come back as ONNX outputs ``mutated_<input>``;
 where the graph allows it (:func:`kernel_lens.onnx.aliasing.in_place_inputs`) that output is
@@ -49,6 +55,7 @@ from .signature import CallSignature, Shape, check_device
 
 GRAPH_MODES = ("torch", "ort")
 DEFAULT_GRAPH_MODE = "torch"  # what cuda_graph=True picks (benchmarks/bench_decode.py measured both)
+KEPT_BINDINGS = 4  # IOBindings kept per session for plain runs, each for one set of pointers
 
 
 def graph_mode(cuda_graph: object) -> str | None:
@@ -102,9 +109,35 @@ class _Graph:
 @dataclass
 class _Session:
     session: object
-    binding: object
-    bound: dict[str, tuple[int, Shape]] = field(default_factory=dict)
+    names: tuple[str, ...]                     # the bound names, in the order of a call's tensors
+    # plain runs: the (pointer, shape) of each name -> the IOBinding holding them, last used last
+    bindings: dict[tuple, object] = field(default_factory=dict)
     graphs: dict[tuple, _Graph] = field(default_factory=dict)
+
+    @property
+    def binding(self) -> object | None:
+        """The IOBinding the last plain run used."""
+        return next(reversed(self.bindings.values()), None)
+
+    @property
+    def bound(self) -> dict[str, tuple[int, Shape]]:
+        """What that binding holds: name -> (pointer, shape)."""
+        held = next(reversed(self.bindings), ())
+        return {name: (pointer, tuple(shape)) for name, (pointer, shape) in zip(self.names, held)}
+
+
+@dataclass
+class _SideStream:
+    """Where ORT runs while the caller is on the legacy default stream (which ORT cannot be
+    given): a stream of its own, ordered after the caller's work and before its later work by
+    two events made once (recording an event again leaves the waits already queued on it as
+    they were)."""
+
+    stream: torch.cuda.Stream
+    raw: int
+    caller: torch.cuda.Stream                  # the device's default stream
+    ready: torch.cuda.Event = field(default_factory=torch.cuda.Event)
+    done: torch.cuda.Event = field(default_factory=torch.cuda.Event)
 
 
 class OrtModel:
@@ -138,11 +171,18 @@ class OrtModel:
         self._mutated = [_Mutation(o.name, ir.inputs.index(name), name in in_place)
                          for o in model.graph.output if o.name.startswith(MUTATED_PREFIX)
                          for name in [o.name.removeprefix(MUTATED_PREFIX)]]
+        self._written = tuple(m.input for m in self._mutated)
+        # What a call binds, in the order of its tensors (inputs, outputs, mutated inputs):
+        # (an input?, name, ONNX element type).
+        self._slots = ([(True, spec.name, spec.code) for spec in self._inputs]
+                       + [(False, o.name, o.code) for o in self._outputs]
+                       + [(False, m.output, self._inputs[m.input].code) for m in self._mutated])
+        self._output_slots = slice(len(self._inputs), len(self._inputs) + len(self._outputs))
         self._sessions: dict[tuple[int, int], _Session] = {}
-        self._side_streams: dict[int, torch.cuda.Stream] = {}
+        self._side_streams: dict[int, _SideStream] = {}
         self._capture_streams: dict[int, torch.cuda.Stream] = {}
         self._last: _Graph | None = None  # the torch graph the last call replayed (fast path)
-        self._lock = threading.Lock()  # one IOBinding per session: bind + run must not interleave
+        self._lock = threading.Lock()  # a session's IOBindings: bind + run must not interleave
         self._run_options = self._make_run_options(-1)  # plain runs: never capture
 
     def _make_run_options(self, graph_id: int):
@@ -159,17 +199,19 @@ class OrtModel:
         """The inputs the model writes that are updated in the caller's own buffer."""
         return [self.ir.inputs[m.input] for m in self._mutated if m.in_place]
 
-    def _stream(self, index: int) -> tuple[int, torch.cuda.Stream | None]:
+    def _stream(self, index: int) -> tuple[int, _SideStream | None]:
         """The raw stream ORT runs on: torch's current one; when that is the legacy default
         stream (which ORT cannot be given), a side stream ordered against it with events,
         returned as the second item (None when no ordering is needed)."""
         raw = torch._C._cuda_getCurrentRawStream(index)  # no Stream object: ~0.2 us
         if raw:
             return raw, None
-        if index not in self._side_streams:
-            self._side_streams[index] = torch.cuda.Stream(index)
-        side = self._side_streams[index]
-        return side.cuda_stream, side
+        side = self._side_streams.get(index)
+        if side is None:
+            stream = torch.cuda.Stream(index)
+            side = self._side_streams[index] = _SideStream(stream, stream.cuda_stream,
+                                                           torch.cuda.default_stream(index))
+        return side.raw, side
 
     def session(self, index: int, stream: int) -> _Session:
         key = (index, stream)
@@ -194,7 +236,7 @@ class OrtModel:
                 hint = (" (CUDA-graph mode needs every node on the CUDA EP and no host "
                         "synchronization; run without cuda_graph=True)" if self.cuda_graph else "")
                 raise KernelLensError(f"ONNX Runtime cannot open {self.onnx_path}: {exc}{hint}") from None
-            state = self._sessions[key] = _Session(session, session.io_binding())
+            state = self._sessions[key] = _Session(session, tuple(name for _, name, _ in self._slots))
         return state
 
     # --- validation (the model's call signature, shared by every runner) --------------------
@@ -217,13 +259,8 @@ class OrtModel:
                 last.captured.replay()
                 self._copy_back(tensors, last)
             return out[0] if len(out) == 1 else tuple(out)
-        values = self.symbol_values(tensors)
-        device = tensors[0].device
-        shapes = self.output_shapes(values)
-        if out is not None:
-            self.signature.check_out(out, shapes, device, tensors)
-        if self._mutated:
-            self.signature.check_written_inputs(tensors, [m.input for m in self._mutated])
+        call = self.signature.checked(tensors, out, self._written)
+        device, shapes = call.device, call.shapes
         with self._lock:
             if self.cuda_graph:
                 outputs = self._run_graph(tensors, shapes, out, device)
@@ -233,28 +270,44 @@ class OrtModel:
                 self._run_bound(tensors, outputs, device)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
-    def _bind_all(self, binding, bound: dict[str, tuple[int, Shape]], index: int, inputs, outputs,
-                  mutated) -> None:
-        """Bind inputs, outputs and mutated-input outputs; a name whose pointer and shape are
-        those recorded in ``bound`` is not bound again."""
-        named = [(binding.bind_input, spec.name, spec.code, t) for spec, t in zip(self._inputs, inputs)]
-        named += [(binding.bind_output, o.name, o.code, t) for o, t in zip(self._outputs, outputs)]
-        named += [(binding.bind_output, m.output, self._inputs[m.input].code, t)
-                  for m, t in zip(self._mutated, mutated)]
-        for bind, name, code, t in named:
-            key = (t.data_ptr(), tuple(t.shape))
-            if bound.get(name) != key:
-                bind(name, "cuda", index, code, key[1], key[0])
-                bound[name] = key
+    def _bind(self, binding, index: int, held: tuple, now: tuple) -> None:
+        """Bind the tensors whose (pointer, shape) are ``now`` (in the order of ``_slots``) where
+        ``binding`` holds other ones than ``held`` (empty: a new binding; ORT replaces the
+        binding of a name bound again)."""
+        for i, ((is_input, name, code), (pointer, shape)) in enumerate(zip(self._slots, now)):
+            if not held or held[i] != now[i]:
+                bind = binding.bind_input if is_input else binding.bind_output
+                bind(name, "cuda", index, code, tuple(shape), pointer)
+
+    def _binding(self, state: _Session, index: int, tensors) -> object:
+        """An IOBinding of ``state``'s session holding ``tensors`` (inputs, outputs, mutated
+        inputs): the one kept for these pointers and shapes; else the kept one differing in the
+        fewest names (the least recently used of those), re-bound where it differs, unless the
+        outputs differ from its own and fewer than KEPT_BINDINGS are kept: then a new one."""
+        now = _layout(tensors)
+        bindings = state.bindings
+        binding = bindings.pop(now, None)
+        if binding is None:
+            held = min(bindings, default=(), key=lambda kept: sum(a != b for a, b in zip(kept, now)))
+            outputs = self._output_slots
+            if not held or (len(bindings) < KEPT_BINDINGS and held[outputs] != now[outputs]):
+                binding, held = state.session.io_binding(), ()
+            else:
+                binding = bindings.pop(held)
+            self._bind(binding, index, held, now)  # kept again only once bound in full
+        bindings[now] = binding
+        return binding
 
     @staticmethod
-    def _run_ordered(side: torch.cuda.Stream | None, index: int, session, binding, options) -> None:
+    def _run_ordered(side: _SideStream | None, session, binding, options) -> None:
         """ORT's Run; on a side stream, ordered after and before the caller's stream's work."""
         if side is not None:  # inputs and outputs are ready on the caller's stream
-            side.wait_stream(torch.cuda.current_stream(index))
+            side.ready.record(side.caller)
+            side.stream.wait_event(side.ready)
         session.run_with_iobinding(binding, options)
         if side is not None:  # the caller's later work sees the results
-            torch.cuda.current_stream(index).wait_stream(side)
+            side.done.record(side.stream)
+            side.caller.wait_event(side.done)
 
     def _run_bound(self, tensors, outputs, device) -> None:
         index = device.index
@@ -262,8 +315,8 @@ class OrtModel:
         state = self.session(index, stream)
         mutated = [tensors[m.input] if m.in_place else torch.empty_like(tensors[m.input])
                    for m in self._mutated]
-        self._bind_all(state.binding, state.bound, index, tensors, outputs, mutated)
-        self._run_ordered(side, index, state.session, state.binding, self._run_options)
+        binding = self._binding(state, index, (*tensors, *outputs, *mutated))
+        self._run_ordered(side, state.session, binding, self._run_options)
         for m, new in zip(self._mutated, mutated):  # the model mutates these inputs: so does the
             if not m.in_place:                      # compiled model
                 tensors[m.input].copy_(new)
@@ -293,7 +346,7 @@ class OrtModel:
             mutated = [inputs[m.input] if m.in_place and not own else torch.empty_like(inputs[m.input])
                        for m in self._mutated]
             binding = state.session.io_binding()
-            self._bind_all(binding, {}, device.index, inputs, outputs, mutated)
+            self._bind(binding, device.index, (), _layout([*inputs, *outputs, *mutated]))
             graph = state.graphs[key] = _Graph(inputs, outputs, mutated, binding,
                                                self._make_run_options(len(state.graphs) + 1))
         return graph, state, side
@@ -323,7 +376,7 @@ class OrtModel:
             self._last = graph
         if self.graph_mode == "ort":
             try:
-                self._run_ordered(side, device.index, state.session, graph.binding, graph.run_options)
+                self._run_ordered(side, state.session, graph.binding, graph.run_options)
             except Exception as exc:  # ORT's own exception types
                 raise KernelLensError(f"ONNX Runtime failed in CUDA-graph mode: {exc}; models that "
                                       f"synchronize with the host or place nodes on the CPU cannot "
@@ -397,7 +450,7 @@ class OrtModel:
 
 def _layout(tensors: Sequence[torch.Tensor]) -> tuple:
     """Pointers and shapes: a static buffer resized or re-pointed in place no longer matches."""
-    return tuple((t.data_ptr(), tuple(t.shape)) for t in tensors)
+    return tuple([(t.data_ptr(), t.shape) for t in tensors])
 
 
 def _pinned(path: str | Path, what: str) -> str:

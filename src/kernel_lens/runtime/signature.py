@@ -5,7 +5,9 @@ evaluators of the symbol values), where each symbol is read from (input, dim, ``
 offset``) and its declared range, and each output's dtype and shape evaluators. A call then
 costs a few microseconds of plain Python: :meth:`CallSignature.symbol_values` checks the
 tensors and reads the symbols, :meth:`CallSignature.output_shapes` gives the output shapes.
-Nothing here knows ONNX Runtime or TensorRT.
+:meth:`CallSignature.checked` does both (and the ``out=`` and aliasing checks) once per layout
+of a call's tensors and remembers the result, so a call repeating an accepted layout costs one
+dictionary lookup. Nothing here knows ONNX Runtime or TensorRT.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ..ir.types import torch_name
 from .evaluate import evaluator
 
 Shape = tuple[int, ...]
+REMEMBERED = 64  # accepted layouts kept per signature (all forgotten at once when full)
 
 
 def torch_dtype(dtype: DType) -> torch.dtype:
@@ -68,6 +71,15 @@ def check_device(ir: GraphIR, index: int) -> int:
     return check_device_arch(ir.built_archs(), major * 10 + minor, f"model {ir.name}")
 
 
+@dataclass(frozen=True)
+class CheckedCall:
+    """What the checks of a call found: its symbol values, output shapes and device."""
+
+    values: list[int]
+    shapes: tuple[Shape, ...]
+    device: torch.device
+
+
 class PieceValues(list):
     """Symbol values of a call of a model split by size, and the piece serving them (its own
     values: its symbols are a subset of the model's, and it checks its own dims)."""
@@ -110,6 +122,39 @@ class CallSignature:
             OutputSpec(name, ir.values[name].dtype, torch_dtype(ir.values[name].dtype),
                        () if ir.pieces else tuple(evaluator(parse(s), names) for s in ir.values[name].shape))
             for name in ir.outputs)
+        self._layouts: dict[tuple, CheckedCall] = {}  # input layout -> what its checks found
+        self._accepted: dict[tuple, bool] = {}  # layouts and pointers whose out=/aliasing checks passed
+
+    def checked(self, tensors: Sequence[torch.Tensor], out: Sequence[torch.Tensor] | None = None,
+                written: tuple[int, ...] = ()) -> CheckedCall:
+        """:meth:`symbol_values` and :meth:`output_shapes` of a call, then :meth:`check_out` when
+        ``out`` is given and :meth:`check_written_inputs` when the model writes inputs
+        (``written``: their indices), each done only for a layout not accepted before. The
+        checks read nothing but what :func:`layout` records of each tensor (and the data
+        pointers, for memory shared between tensors), so a call repeating an accepted layout is
+        accepted as before and any other call meets every check again, raising as it would."""
+        key = layout(tensors)
+        call = self._layouts.get(key) if key is not None else None
+        if call is None:
+            values = self.symbol_values(tensors)
+            call = CheckedCall(values, tuple(self.output_shapes(values)), tensors[0].device)
+            if key is not None:
+                _remember(self._layouts, key, call)
+        if out is None and not written:
+            return call
+        facts = None
+        if key is not None and (out is None or isinstance(out, (list, tuple))):
+            outs = () if out is None else layout(out, pointers=True)
+            if outs is not None:
+                facts = (key, tuple([t.data_ptr() for t in tensors]), outs, written)
+        if facts is None or facts not in self._accepted:
+            if out is not None:
+                self.check_out(out, call.shapes, call.device, tensors)
+            if written:
+                self.check_written_inputs(tensors, written)
+            if facts is not None:
+                _remember(self._accepted, facts, True)
+        return call
 
     def symbol_values(self, tensors: Sequence[torch.Tensor]) -> list[int]:
         """The symbol values of a call (in the IR's symbol order), after checking every input."""
@@ -198,6 +243,28 @@ class CallSignature:
                     raise InputError(f"input {self.inputs[i].name!r} is written in place by the model "
                                      f"and shares memory with input {self.inputs[j].name!r}; pass "
                                      f"separate tensors (clone one of them)")
+
+
+def layout(tensors: Sequence[object], pointers: bool = False) -> tuple | None:
+    """Everything the checks of :class:`CallSignature` read from each tensor: its class, device,
+    dtype, shape and strides (which decide contiguity), with ``pointers`` its data pointer too
+    (which, with the rest, decides the bytes it spans). None when one of them is no strided
+    tensor: such a call is always checked in full."""
+    key = []
+    for t in tensors:
+        if not isinstance(t, torch.Tensor) or t.layout is not torch.strided:
+            return None
+        key.append((type(t), t.device, t.dtype, t.shape, t.stride(), t.data_ptr()) if pointers
+                   else (type(t), t.device, t.dtype, t.shape, t.stride()))
+    return tuple(key)
+
+
+def _remember(cache: dict, key: tuple, value: object) -> None:
+    """``cache[key] = value``, forgetting everything first when ``cache`` is full (a bound on
+    the memory of a caller whose layouts never repeat)."""
+    if len(cache) >= REMEMBERED:
+        cache.clear()
+    cache[key] = value
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
