@@ -23,9 +23,12 @@ are): a pass only re-spells standard ONNX ops around them.
   folded into the query length (``[B, Hkv*G, L, D] -> [B, Hkv, G*L, D]``), attention runs with
   ``Hkv`` heads, and the result is unfolded. Each query row still attends the same keys with the
   same mask, so no expanded K/V copy is made (at a 4096-position cache, batch 8, that copy is
-  256 MB per layer and step). Only where the mask (if any) is the same for every query row and
-  head (its query and head dims are 1) and attention is not causal (a causal mask would move
-  with the folded rows).
+  256 MB per layer and step). Only where the mask (if any) is the same for every head (its
+  head dim is 1) and has one row for all query rows or one per query row (repeated for the
+  folded rows: ONNX Runtime wants a mask row per query row), and attention is not causal:
+  ``is_causal`` masks by the row's index, which folding moves, so a causal prefill would need an
+  explicit ``[G*L, S]`` mask, more bytes than the K/V expand it replaces at prefill lengths; ORT's
+  CUDA ``Attention`` has no grouped-query path of its own (it refuses ``Hq != Hkv``).
 """
 
 from __future__ import annotations

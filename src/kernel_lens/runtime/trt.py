@@ -181,17 +181,15 @@ class TrtModel:
         if not torch.cuda.is_available():
             raise KernelLensError(f"{self.ir.name}: running a TensorRT engine needs a CUDA GPU; none "
                                   f"is visible to torch (build_engine() works without one)")
-        values = self.signature.symbol_values(tensors)
-        device = tensors[0].device
-        shapes = self.signature.output_shapes(values)
-        if out is not None:
-            self.signature.check_out(out, shapes, device, tensors)
-        if self._mutated:
-            self.signature.check_written_inputs(tensors, [i for _, i in self._mutated])
-        outputs = list(out) if out is not None else \
-            [torch.empty(s, dtype=o.dtype, device=device) for s, o in zip(shapes, self.signature.outputs)]
+        # inputs and out=, before any engine is built (checked once per layout)
+        call = self.signature.checked(tensors, out)
+        device, shapes = call.device, call.shapes
         with self._lock, torch.cuda.device(device):
-            context = self._context(device.index)
+            context = self._context(device.index)  # knows which inputs the engine writes
+            if self._mutated:
+                self.signature.checked(tensors, out, tuple(i for _, i in self._mutated))
+            outputs = list(out) if out is not None else \
+                [torch.empty(s, dtype=o.dtype, device=device) for s, o in zip(shapes, self.signature.outputs)]
             mutated = [torch.empty_like(tensors[i]) for _, i in self._mutated]
             for spec, t in zip(self.signature.inputs, tensors):
                 context.set_input_shape(spec.name, tuple(t.shape))
