@@ -262,6 +262,8 @@ class GqaWithoutExpand(GraphPass):
             if dims is None or len(dims) < 2 or dims[-2] not in (1, q.shape[2]) \
                     or (len(dims) >= 3 and dims[-3] != 1):
                 return None
+            if (dims[-2] != 1 or q.shape[2] == 1) and not isinstance(dims[-1], int):
+                return None  # its rows are merged by a Reshape that names the key length
         return rk, rv
 
     @staticmethod
@@ -301,18 +303,30 @@ class GqaWithoutExpand(GraphPass):
     @staticmethod
     def _mask_rows(graph: oir.Graph, node: oir.Node, mask: oir.Value, folded_q: oir.Value,
                    length: int | None) -> list[oir.Node]:
-        """The mask's rows for the folded query rows (``g*L + l`` reads row ``l``): a mask with a
-        row per query row tiled ``G`` times, one row for all expanded to the folded length
-        (ONNX Runtime takes a mask whose query dim equals the query length, none that broadcasts)."""
+        """The mask's rows for the folded query rows (``g*L + l`` reads row ``l``; ONNX Runtime
+        takes a mask whose query dim equals the query length, none that broadcasts). A row per
+        query row: ``Unsqueeze`` a group axis, ``Expand`` it to ``G``, ``Reshape`` (groups, rows)
+        into one axis; one row for all: ``Expand`` it to the folded length. Only ops ORT's CUDA EP
+        runs for every mask dtype (its ``Tile`` has no ``bool`` kernel: a Tile of a boolean mask
+        would run on the CPU, and a session with a CPU node cannot be captured in a CUDA graph)."""
         rank = len(mask.shape)
         ones = [1] * (rank - 2)
-        if mask.shape[-2] != 1 or node.inputs[0].shape[2] == 1:
+        rows_out = [*mask.shape[:-2], length, mask.shape[-1]]
+        if mask.shape[-2] != 1 or node.inputs[0].shape[2] == 1:  # a row per query row
             groups = node.inputs[0].shape[1] // folded_q.shape[1]
-            repeats = _initializer(graph, f"{node.name}.mask_repeats", np.asarray([*ones, groups, 1], np.int64))
-            tile = _node("", "Tile", [mask, repeats], f"{node.name}.mask_tile")
-            tile.outputs[0].type = mask.type
-            tile.outputs[0].shape = oir.Shape([*mask.shape[:-2], length, mask.shape[-1]])
-            return [tile]
+            axis = _initializer(graph, f"{node.name}.mask_group_axis", np.asarray([rank - 2], np.int64))
+            unsqueeze = _node("", "Unsqueeze", [mask, axis], f"{node.name}.mask_group")
+            unsqueeze.outputs[0].type = mask.type
+            unsqueeze.outputs[0].shape = oir.Shape([*mask.shape[:-2], 1, *mask.shape[-2:]])
+            repeats = _initializer(graph, f"{node.name}.mask_groups", np.asarray([*ones, groups, 1, 1], np.int64))
+            expand = _node("", "Expand", [unsqueeze.outputs[0], repeats], f"{node.name}.mask_repeat")
+            expand.outputs[0].type = mask.type
+            expand.outputs[0].shape = oir.Shape([*mask.shape[:-2], groups, *mask.shape[-2:]])
+            merged = _initializer(graph, f"{node.name}.mask_merge",
+                                  np.asarray([*([0] * (rank - 2)), -1, mask.shape[-1]], np.int64))
+            reshape = _node("", "Reshape", [expand.outputs[0], merged], f"{node.name}.mask_rows")
+            reshape.outputs[0].type, reshape.outputs[0].shape = mask.type, oir.Shape(rows_out)
+            return [unsqueeze, expand, reshape]
         made = []
         if length is not None:
             rows = _initializer(graph, f"{node.name}.mask_rows", np.asarray([*ones, length, 1], np.int64))
@@ -325,8 +339,7 @@ class GqaWithoutExpand(GraphPass):
                            attributes=[oir.AttrInt64("axis", 0)])
             made, rows = [shape, concat], concat.outputs[0]
         expand = _node("", "Expand", [mask, rows], f"{node.name}.mask_expand")
-        expand.outputs[0].type = mask.type
-        expand.outputs[0].shape = oir.Shape([*mask.shape[:-2], length, mask.shape[-1]])
+        expand.outputs[0].type, expand.outputs[0].shape = mask.type, oir.Shape(rows_out)
         return [*made, expand]
 
 
