@@ -93,11 +93,16 @@ def _initializer(graph: oir.Graph, name: str, array: np.ndarray) -> oir.Value:
     return value
 
 
-def _node(domain: str, op: str, inputs: list, name: str, **kw) -> oir.Node:
+def _node(domain: str, op: str, inputs: list, name: str, *, type: oir.TypeProtocol | None = None,
+          shape: Sequence | oir.Shape | None = None, **kw) -> oir.Node:
     """A new node whose (first) output is named as the node: names scoped by the op they replace
-    (``op17/MatMul_66.fused``), as the lowering scopes its helper values."""
+    (``op17/MatMul_66.fused``), as the lowering scopes its helper values; that output's ``type``
+    and ``shape`` are set where given."""
     node = oir.Node(domain, op, inputs, name=name, **kw)
-    node.outputs[0].name = name
+    out = node.outputs[0]
+    out.name, out.type = name, type
+    if shape is not None:
+        out.shape = shape if isinstance(shape, oir.Shape) else oir.Shape(shape)
     return node
 
 
@@ -165,15 +170,14 @@ class FuseSiblingMatMuls(GraphPass):
         widths = [a.shape[1] for a in arrays]
         cat = _initializer(graph, f"{weights[0].name}.fused", np.concatenate(arrays, axis=1))
         sizes = _initializer(graph, f"{weights[0].name}.fused_split", np.asarray(widths, np.int64))
-        matmul = _node("", "MatMul", [x, cat], f"{nodes[0].name}.fused")
+        old = [n.outputs[0] for n in nodes]
+        matmul = _node("", "MatMul", [x, cat], f"{nodes[0].name}.fused", type=old[0].type)
         split = oir.Node("", "Split", [matmul.outputs[0], sizes], attributes=[oir.AttrInt64("axis", -1)],
                          num_outputs=len(nodes), name=f"{nodes[0].name}.fused_split")
-        old = [n.outputs[0] for n in nodes]
         if all(o.shape is not None for o in old):
             shape = list(old[0].shape)
             shape[-1] = sum(widths)
             matmul.outputs[0].shape = oir.Shape(shape)
-        matmul.outputs[0].type = old[0].type
         for new, was in zip(split.outputs, old):
             new.shape, new.type = was.shape, was.type
         graph.insert_before(nodes[0], [matmul, split])
@@ -274,22 +278,20 @@ class GqaWithoutExpand(GraphPass):
         heads = q.shape[1]
         fold = _initializer(graph, f"{node.name}.fold", np.asarray([0, kv_heads, -1, head], np.int64))
         unfold = _initializer(graph, f"{node.name}.unfold", np.asarray([0, heads, -1, v_head], np.int64))
-        folded = _node("", "Reshape", [q, fold], f"{node.name}.fold_groups")
-        folded.outputs[0].type = q.type
         length = q.shape[2] * rk.groups if isinstance(q.shape[2], int) else None
-        folded.outputs[0].shape = oir.Shape([q.shape[0], kv_heads, length, head])
+        folded = _node("", "Reshape", [q, fold], f"{node.name}.fold_groups", type=q.type,
+                       shape=[q.shape[0], kv_heads, length, head])
         mask = node.inputs[3] if len(node.inputs) > 3 else None
         made = [folded]
         if mask is not None:  # its one row repeated for the folded rows (ORT wants them all)
             made += GqaWithoutExpand._mask_rows(graph, node, mask, folded.outputs[0], length)
             mask = made[-1].outputs[0]
         inputs = [folded.outputs[0], rk.cache, rv.cache, *([mask] if mask is not None else [])]
-        attention = _node(node.domain, "Attention", inputs, f"{node.name}.kv_heads",
-                          attributes=list(node.attributes.values()), version=node.version)
-        attention.outputs[0].type = node.outputs[0].type
-        unfolded = _node("", "Reshape", [attention.outputs[0], unfold], f"{node.name}.unfold_groups")
         old = node.outputs[0]
-        unfolded.outputs[0].type, unfolded.outputs[0].shape = old.type, old.shape
+        attention = _node(node.domain, "Attention", inputs, f"{node.name}.kv_heads", type=old.type,
+                          attributes=list(node.attributes.values()), version=node.version)
+        unfolded = _node("", "Reshape", [attention.outputs[0], unfold], f"{node.name}.unfold_groups",
+                         type=old.type, shape=old.shape)
         graph.insert_before(node, [*made, attention, unfolded])
         old.replace_all_uses_with(unfolded.outputs[0], replace_graph_outputs=True)
         graph.remove(node, safe=True)
@@ -315,17 +317,15 @@ class GqaWithoutExpand(GraphPass):
         if mask.shape[-2] != 1 or node.inputs[0].shape[2] == 1:  # a row per query row
             groups = node.inputs[0].shape[1] // folded_q.shape[1]
             axis = _initializer(graph, f"{node.name}.mask_group_axis", np.asarray([rank - 2], np.int64))
-            unsqueeze = _node("", "Unsqueeze", [mask, axis], f"{node.name}.mask_group")
-            unsqueeze.outputs[0].type = mask.type
-            unsqueeze.outputs[0].shape = oir.Shape([*mask.shape[:-2], 1, *mask.shape[-2:]])
+            unsqueeze = _node("", "Unsqueeze", [mask, axis], f"{node.name}.mask_group", type=mask.type,
+                              shape=[*mask.shape[:-2], 1, *mask.shape[-2:]])
             repeats = _initializer(graph, f"{node.name}.mask_groups", np.asarray([*ones, groups, 1, 1], np.int64))
-            expand = _node("", "Expand", [unsqueeze.outputs[0], repeats], f"{node.name}.mask_repeat")
-            expand.outputs[0].type = mask.type
-            expand.outputs[0].shape = oir.Shape([*mask.shape[:-2], groups, *mask.shape[-2:]])
+            expand = _node("", "Expand", [unsqueeze.outputs[0], repeats], f"{node.name}.mask_repeat",
+                           type=mask.type, shape=[*mask.shape[:-2], groups, *mask.shape[-2:]])
             merged = _initializer(graph, f"{node.name}.mask_merge",
                                   np.asarray([*([0] * (rank - 2)), -1, mask.shape[-1]], np.int64))
-            reshape = _node("", "Reshape", [expand.outputs[0], merged], f"{node.name}.mask_rows")
-            reshape.outputs[0].type, reshape.outputs[0].shape = mask.type, oir.Shape(rows_out)
+            reshape = _node("", "Reshape", [expand.outputs[0], merged], f"{node.name}.mask_rows",
+                            type=mask.type, shape=rows_out)
             return [unsqueeze, expand, reshape]
         made = []
         if length is not None:
@@ -338,8 +338,8 @@ class GqaWithoutExpand(GraphPass):
             concat = _node("", "Concat", [head, shape.outputs[0], tail], f"{node.name}.mask_rows",
                            attributes=[oir.AttrInt64("axis", 0)])
             made, rows = [shape, concat], concat.outputs[0]
-        expand = _node("", "Expand", [mask, rows], f"{node.name}.mask_expand")
-        expand.outputs[0].type, expand.outputs[0].shape = mask.type, oir.Shape(rows_out)
+        expand = _node("", "Expand", [mask, rows], f"{node.name}.mask_expand", type=mask.type,
+                       shape=rows_out)
         return [*made, expand]
 
 

@@ -91,6 +91,7 @@ class TrtModel:
         self._lock = threading.Lock()  # one execution context: shapes, addresses and enqueue together
         self._contexts: dict[int, Any] = {}  # device index -> (engine, execution context)
         self._mutated: list[tuple[str, int]] = []
+        self._written: tuple[int, ...] = ()  # the indices of the inputs in _mutated
         self.engine_path: Path | None = None
 
     # --- the engine --------------------------------------------------------------------------
@@ -173,6 +174,7 @@ class TrtModel:
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
         self._mutated = [(n, self.ir.inputs.index(n.removeprefix("mutated_"))) for n in names
                          if n.startswith("mutated_")]
+        self._written = tuple(i for _, i in self._mutated)
         self._contexts[index] = (engine, engine.create_execution_context())
         return self._contexts[index][1]
 
@@ -186,8 +188,8 @@ class TrtModel:
         device, shapes = call.device, call.shapes
         with self._lock, torch.cuda.device(device):
             context = self._context(device.index)  # knows which inputs the engine writes
-            if self._mutated:
-                self.signature.checked(tensors, out, tuple(i for _, i in self._mutated))
+            if self._written:
+                self.signature.checked(tensors, out, self._written)
             outputs = list(out) if out is not None else \
                 [torch.empty(s, dtype=o.dtype, device=device) for s, o in zip(shapes, self.signature.outputs)]
             mutated = [torch.empty_like(tensors[i]) for _, i in self._mutated]
