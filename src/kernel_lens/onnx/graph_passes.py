@@ -28,7 +28,8 @@ are): a pass only re-spells standard ONNX ops around them.
   folded rows: ONNX Runtime wants a mask row per query row), and attention is not causal:
   ``is_causal`` masks by the row's index, which folding moves, so a causal prefill would need an
   explicit ``[G*L, S]`` mask, more bytes than the K/V expand it replaces at prefill lengths; ORT's
-  CUDA ``Attention`` has no grouped-query path of its own (it refuses ``Hq != Hkv``).
+  CUDA ``Attention`` has no grouped-query path of its own (its source throws for ``Hq != Hkv``;
+  read, not tried on ORT 1.31.1).
 """
 
 from __future__ import annotations
