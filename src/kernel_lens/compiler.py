@@ -29,9 +29,11 @@ from .ir import GraphIR
 from .onnx.graph_passes import resolve as resolve_graph_passes
 from .onnx.lower import supported
 from .passes import PassContext, PassManager, PassTiming, default_pipeline
+from .runtime.interpreted import InterpretedModel
 from .runtime.signature import check_device
 from .summary import summarize
 from .targets.base import available_targets, get_target
+from .targets.ort.target import onnx_graph as ort_onnx_graph
 from .toolchain import cache
 from .version import __version__
 
@@ -183,8 +185,35 @@ class CompiledModel:
         """Run the compiled model on torch CUDA tensors with a target's runner (``backend``: a
         target built, or an alias: "onnxruntime", "tensorrt"; default, the only target built;
         ``cuda_graph``: replay a CUDA graph per input shape, True or "torch" (a torch graph of
-        ORT's Run) or "ort" (ORT's own graph mode); see :mod:`kernel_lens.runtime.ort`)."""
+        ORT's Run) or "ort" (ORT's own graph mode); see :mod:`kernel_lens.runtime.ort`).
+
+        With CPU tensors, the artifact is *evaluated* instead (:meth:`interpreted`): its ONNX
+        graph by ONNX's reference evaluator, each launch by Triton's interpreter. A slow
+        checking path, never taken for CUDA tensors."""
+        if tensors and all(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in tensors):
+            if cuda_graph:
+                raise InputError(f"cuda_graph={cuda_graph!r} with CPU tensors: CUDA graphs need "
+                                 f"CUDA tensors (CPU tensors evaluate the model on the CPU)")
+            return self.interpreted(backend).run(*tensors, out=out)
         return self.runner(backend, cuda_graph=cuda_graph).run(*tensors, out=out)
+
+    def interpreted(self, backend: str | None = None) -> InterpretedModel:
+        """The CPU evaluation of this model (:mod:`kernel_lens.runtime.interpreted`): the ONNX
+        graph of ``backend``'s artifacts (default: the only target built); a model built for no
+        target evaluates the graph the ORT target would write."""
+        key = (f"cpu:{backend}", False)
+        if key not in self._runners:
+            if self.backends() or backend is not None:
+                name = self._backend(backend)
+                if f"{name}.onnx" not in self.artifacts:
+                    raise KernelLensError(f"{self.ir.name}: target {name!r} wrote no ONNX graph, so "
+                                          f"there is nothing to evaluate on the CPU; run it on CUDA "
+                                          f"tensors, or compile for the 'ort' target too")
+                graph: Any = self._recheck(f"{name}.onnx", self.artifacts[f"{name}.onnx"])
+            else:
+                graph = ort_onnx_graph(self.ir)
+            self._runners[key] = InterpretedModel(self.ir, graph)
+        return self._runners[key]
 
     def save(self, directory: str | Path) -> "CompiledModel":
         """Copy the artifacts (and a manifest) into ``directory``; returns the saved model."""

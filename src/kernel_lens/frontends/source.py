@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib
+import importlib.util
+import linecache
 import sys
 import inspect
 import textwrap
@@ -166,3 +168,80 @@ def resolve_jit(source: SourceInfo, *, import_modules: bool = False) -> Any:
         )
     _registry[_identity(source)] = fn
     return fn
+
+
+# --- a kernel rebuilt from the IR's text (the CPU evaluation of an artifact folder) -----------
+_rebuilt: dict[tuple[str, str, str, int], Any] = {}
+
+
+def _callee(target: str, helpers: dict[str, SourceInfo]) -> Any:
+    if target == "triton":
+        return importlib.import_module("triton")
+    if target.startswith("jit:"):
+        name = target[4:]
+        if name not in helpers:
+            raise KernelSourceError(f"@triton.jit function {name} is called but its source is not "
+                                    f"among the kernel's helpers in the IR; recompile the model")
+        return jit_from_ir(helpers[name], helpers)
+    module, _, attr = target.rpartition(".")
+    if target.startswith("triton.language") and importlib.util.find_spec(target) is not None:
+        return importlib.import_module(target)  # a module: triton.language, its extra.libdevice
+    if not module.startswith("triton.language"):
+        raise KernelSourceError(f"name {target!r} in a kernel's callees is not Triton's")
+    value = getattr(importlib.import_module(module), attr, None)
+    if value is None:
+        raise KernelSourceError(f"{target} is not defined by this Triton ({tl.__name__})")
+    return value
+
+
+def jit_from_ir(source: SourceInfo, helpers: dict[str, SourceInfo]) -> Any:
+    """The @triton.jit function whose text the IR holds: the live one when this process has it
+    (captured here, or its module imported: :func:`resolve_jit`, same text by hash), else the
+    text itself turned into a function. Its names resolve through ``source.callees`` (Triton's
+    modules and functions, and the other @triton.jit functions, from ``helpers``); a name the
+    IR does not resolve fails when the interpreter reaches it (the caller names the kernel).
+
+    Running the text runs code of the folder it came from, as running its plugin library does:
+    only the CPU evaluation of a compiled folder (``run`` with CPU tensors) does it."""
+    try:
+        return resolve_jit(source)
+    except KernelSourceError:
+        pass
+    key = _identity(source)
+    if key in _rebuilt:
+        return _rebuilt[key]
+    if hashlib.sha256(source.text.encode()).hexdigest() != source.source_hash:
+        raise KernelSourceError(f"kernel {source.qualname}: its text in the IR does not match its "
+                                f"recorded hash; recompile the model")
+    try:
+        tree = ast.parse(source.text)
+    except SyntaxError as exc:
+        raise KernelSourceError(f"kernel {source.qualname}: its text in the IR does not parse "
+                                f"({exc.msg}, line {exc.lineno})") from None
+    defs = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+    if len(defs) != 1 or len(tree.body) != 1:
+        raise KernelSourceError(f"kernel {source.qualname}: its text in the IR is not one function "
+                                f"definition")
+    defs[0].decorator_list = []  # @triton.jit is applied below; a library's own decorators are not run
+    # Line numbers as in the user's file, under a name that says where the text came from (the
+    # interpreter reads the function's lines back through linecache, as inspect does).
+    filename = f"{source.file} (kernel text from the IR)"
+    ast.increment_lineno(tree, max(source.line, 1) - 1)
+    lines = ["\n"] * (max(source.line, 1) - 1) + source.text.splitlines(keepends=True)
+    linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
+    namespace: dict[str, Any] = {"__name__": source.qualname.rpartition(".")[0] or "kernel_lens_ir"}
+    _rebuilt[key] = None  # a helper calling itself (recursion is refused by Triton anyway)
+    for name, target in source.callees.items():
+        head, _, attr = name.partition(".")
+        value = _callee(target, helpers)
+        if attr:  # `module.fn`: the module's namespace, as far as the kernel uses it
+            holder = namespace.setdefault(head, types.SimpleNamespace())
+            if isinstance(holder, types.SimpleNamespace):
+                setattr(holder, attr, value)
+        else:
+            namespace[name] = value
+    exec(compile(tree, filename, "exec"), namespace)  # noqa: S102 (see the docstring)
+    fn = namespace[defs[0].name]
+    jit = importlib.import_module("triton").jit(fn)
+    _rebuilt[key] = jit
+    return jit

@@ -26,6 +26,11 @@ HERE = Path(__file__).parent
 OPSET = 23
 
 
+def onnx_graph(ir: GraphIR):
+    """The ORT target's ONNX graph of ``ir`` (what its ``lower`` stage writes)."""
+    return for_onnxruntime(lower_to_onnx_cached(ir, opset=OPSET))
+
+
 def op_types(ir: GraphIR) -> list[str]:
     return sorted({launch.kernel for graph in ir.graphs() for launch in graph.launches})
 
@@ -71,7 +76,7 @@ class OrtTarget(StagedTarget):
     def stage_lower(self, ir: GraphIR, out_dir: Path, state: OrtBuildState) -> dict[str, Path]:
         ensure_folder(out_dir)
         model_path = inside(out_dir, f"{ir.name}.onnx")
-        save_onnx(for_onnxruntime(lower_to_onnx_cached(ir, opset=OPSET)), model_path)
+        save_onnx(onnx_graph(ir), model_path)
         return {"onnx": model_path}
 
     def stage_emit(self, ir: GraphIR, out_dir: Path, state: OrtBuildState) -> dict[str, Path]:
