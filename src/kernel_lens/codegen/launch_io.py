@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..aten_facts import allocates_uninitialized
+from ..aten_facts import allocates_uninitialized, is_inplace
 from ..errors import IRError
 from ..ir.graph import GraphIR, Launch
 from ..ir.kernel import ParamKind
@@ -119,7 +119,13 @@ def launch_io(ir: GraphIR, launch: Launch, version_suffix: str) -> LaunchIO:
 
 
 def _written_before(ir: GraphIR, launch: Launch, root: str) -> bool:
-    """True when an earlier launch already wrote ``root`` (its contents are then defined)."""
+    """True when something wrote ``root`` before ``launch`` (its contents are then defined, and
+    a kernel writing part of it keeps the rest): an earlier launch, or an in-place torch op on
+    the root or on any view of it (``out[..., rot:].copy_(x[..., rot:])``, ``out.zero_()``)."""
+    for op in ir.ops:
+        if op.order < launch.order and op.aliases and is_inplace(op.op) \
+                and root_of(ir, op.aliases[0]) == root:
+            return True
     for other in ir.launches:
         if other.order >= launch.order:
             continue
