@@ -218,3 +218,11 @@ def with_reference_kernels(ir, model, impls: dict):
             [f"out{i}" for i in range(len(io.outputs))], nodes,
             [helper.make_opsetid("", opset)], attributes=["launch"]))
     return model
+
+
+def eager_on_cpu(model, inputs):
+    """The model run eagerly on CPU tensors, its Triton launches through Triton's interpreter
+    (as capture runs them): the reference a CPU evaluation of the compiled model is held to."""
+    from kernel_lens.frontends.capture.recorder import capture
+
+    return capture(model, tuple(t.clone() if hasattr(t, "clone") else t for t in inputs), 90).outputs

@@ -42,10 +42,16 @@ def test_argument_kinds_tritons_jit_refuses_name_kernel_argument_and_fix(model, 
     assert "\n" not in str(info.value)
 
 
-def test_undeclarable_dynamic_range_size_zero():
+def test_a_range_from_zero_traces_sizes_zero_and_one_alone_and_is_right_at_both():
+    """Issue 38: torch reasons as if a dynamic size were >= 2; a Dim declared from 0 (example
+    size 1) makes sizes 0 and 1 pieces of their own (traced static) and the rest one piece, and
+    the compiled model, evaluated on the CPU, equals the copy at 0, 1, 2 and 64."""
     n = torch.export.Dim("n", min=0, max=64)
-    with pytest.raises(TraceError, match="declared dynamic range|Dim"):
-        kl.compile(bad.Copy(), (torch.randn(1),), dynamic_shapes=({0: n},), arch=90)
+    compiled = kl.compile(bad.Copy(), (torch.randn(1),), dynamic_shapes=({0: n},), arch=90)
+    assert [p.when[0].ranges["n"] for p in compiled.ir.pieces] == [(0, 0), (1, 1), (2, 64)]
+    for size in (0, 1, 2, 64):
+        x = torch.randn(size)
+        assert torch.equal(compiled.run(x.clone()), x)
 
 
 def test_forward_without_kernels():

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import sympy
+import torch
 from hypothesis import assume, given, settings, strategies as st
 
 import kernel_lens as kl
@@ -15,7 +16,7 @@ from kernel_lens.ir import evaluate, format_expr, parse, symbol
 from kernel_lens.runtime.evaluate import evaluator
 from kernel_lens.targets.base import Target, get_target
 
-from conftest import EXAMPLES, load_module
+from conftest import EXAMPLES, eager_on_cpu, load_module
 
 n, m = symbol("n"), symbol("m")
 leaf = st.one_of(st.sampled_from([n, m]), st.integers(-50, 300).map(sympy.Integer))
@@ -93,7 +94,12 @@ def test_backend_choice(cached, monkeypatch):
         cached.run(*toy.example_inputs, backend="trt-v3")
     bare = kl.CompiledModel(cached.ir)
     with pytest.raises(KernelLensError, match="no target was built"):
-        bare.run(*toy.example_inputs)
+        bare.runner()
+    # CPU tensors are evaluated on the CPU (the graph the ORT target would write) and equal eager
+    eager = eager_on_cpu(toy.model, toy.example_inputs)
+    got = bare.run(*[t.clone() for t in toy.example_inputs])
+    for g, e in zip(got, eager):
+        assert torch.equal(g, e)
     # The runner comes from the target (no backend names in the driver): a registered target's.
     seen = {}
 
@@ -121,7 +127,7 @@ def test_backend_choice(cached, monkeypatch):
 
 def test_ort_runner_without_cuda_ep_is_a_clear_error(cached):
     with pytest.raises(KernelLensError, match="CUDAExecutionProvider|onnxruntime-gpu"):
-        cached.run(*toy.example_inputs)
+        cached.runner()
     with pytest.raises(KernelLensError, match="unknown options"):
         get_target("ort").runner(cached.ir, {}, speed="fast")
 
@@ -237,11 +243,13 @@ def test_a_graph_mode_name_is_checked_once_by_the_runner_that_has_it(tmp_path):
     compiled = CompiledModel(ir, artifacts=files)
     lines = set()
     for call in (lambda: compiled.runner("ort", cuda_graph="banana"),
-                 lambda: compiled.run(*toy.example_inputs, cuda_graph="banana"),
                  lambda: CompiledModel(ir, artifacts=files, cuda_graph="banana").runner()):
         with pytest.raises(InputError) as err:
             call()
         lines.add(str(err.value))
     assert lines == {"cuda_graph='banana': pass True, False, or one of ('torch', 'ort')"}
+    with pytest.raises(InputError, match="cuda_graph='banana' with CPU tensors: CUDA graphs need "
+                       "CUDA tensors"):  # CPU tensors are evaluated: no graph of any name
+        compiled.run(*toy.example_inputs, cuda_graph="banana")
     with pytest.raises(InputError, match=r"cuda_graph=\[1\]: pass True, False or the name"):
         compiled.runner("ort", cuda_graph=[1])

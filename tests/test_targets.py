@@ -13,6 +13,7 @@ from pathlib import Path
 
 import onnx
 import pytest
+import torch
 
 import kernel_lens as kl
 from kernel_lens.errors import KernelLensError
@@ -20,7 +21,7 @@ from kernel_lens.targets.base import available_targets
 from kernel_lens.targets.ort.target import OPSET as ORT_OPSET, ort_sources
 from kernel_lens.toolchain.build import build_shared_library
 
-from conftest import ROOT, assert_loads_in_ort, corpus_files, example_files, load_module, model_ir
+from conftest import ROOT, assert_loads_in_ort, corpus_files, eager_on_cpu, example_files, load_module, model_ir
 
 MODELS = {p.stem: p for p in corpus_files()}
 MODELS.update({p.stem: p for p in example_files()})
@@ -91,7 +92,11 @@ def test_compile_with_ort_target_writes_artifacts_and_load_reopens(tmp_path):
     again = kl.load(tmp_path)
     assert again.ir == compiled.ir
     with pytest.raises(KernelLensError, match="CUDAExecutionProvider|onnxruntime-gpu"):
-        again.run(*[t for t in m.example_inputs])  # CPU host: a clear error, not a crash
+        again.runner()  # CPU host: a clear error, not a crash
+    # CPU tensors: the folder's graph is evaluated on the CPU, equal to eager
+    for got, want in zip(again.run(*[t.clone() for t in m.example_inputs]),
+                         eager_on_cpu(m.model, m.example_inputs)):
+        assert torch.equal(got, want)
     with pytest.raises(KernelLensError, match="not a kernel_lens output folder"):
         kl.load(tmp_path / "nowhere")
 

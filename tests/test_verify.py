@@ -34,8 +34,12 @@ def test_the_cli_reports_every_size_set_and_what_it_could_not_check():
                            str(CORPUS / "size_branches.py")], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert out.count("[ok] ") == 4 and "(piece 0)" in out and "rows=2, n=2" in out
-    assert "not checked: output values and timings" in out and out.rstrip().endswith("result: ok")
+    # the example, min, odd and max, then both ends of each of the 6 pieces not among those
+    assert out.count("[ok] ") == 14 and "(piece 0)" in out and "rows=2, n=2" in out
+    assert out.count("max abs ") == 14 * 3 and "values not compared" not in out  # values, on a CPU
+    assert "rows=48, n=65 (piece 3)" in out and "rows=47, n=64 (piece 0)" in out
+    assert "not checked: the compiled kernels (cubins) and timings" in out
+    assert out.rstrip().endswith("result: ok")
 
 
 def test_a_compiled_model_that_does_not_fit_the_eager_one_fails():
@@ -71,3 +75,30 @@ def test_a_launch_result_is_compared_as_the_kernel_argument_saw_it():
     assert "laid out unlike" in compare_written("out_ptr", root.double(), view).problem
     assert "not a plain tensor" in compare_written("out_ptr", None, view).problem
     assert compare_written("out_ptr", root, torch.empty(0)).exact
+
+
+def test_a_wrong_constant_planted_in_one_piece_fails_verify_by_value(tmp_path):
+    """Issue 38: on a CPU host verify compares values (the compiled graph evaluated on the CPU):
+    a piece whose kernel scales by 2.5 instead of 2.0 fails exactly at that piece's sizes, and
+    the CLI exits non-zero."""
+    module = load_module(CORPUS / "size_branches.py")
+    ir = model_ir(CORPUS / "size_branches.py").model_copy(deep=True)
+    planted = [k for k, p in enumerate(ir.pieces) if p.when[0].ranges.get("rows") == (48, 48)]
+    assert planted, [p.when for p in ir.pieces]
+    for k in planted:
+        graph = ir.pieces[k].graph
+        launch = next(l for l in graph.launches if graph.kernels[l.kernel].name == "scale_rows_kernel")
+        next(a for a in launch.args if a.name == "scale").constant = 2.5
+    compiled = CompiledModel(ir)
+    report = verify(module.model, module.example_inputs, module.dynamic_shapes, compiled, ["x", "v"])
+    failed = [s for s in report.sets if not s.ok]
+    assert failed and all(s.piece in planted and s.sizes["rows"] == 48 for s in failed)
+    assert all(s.ok for s in report.sets if s.piece not in planted)
+    bad = next(o for o in failed[0].outputs if o.problem)
+    assert bad.max_abs > 0.1 and "tolerance" in bad.problem
+    compiled.write(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "kernel_lens.cli", "-q", "verify",
+                           str(CORPUS / "size_branches.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 1, proc.stderr
+    assert "[FAIL] rows=48" in proc.stdout and proc.stdout.rstrip().endswith("result: FAILED")

@@ -201,13 +201,14 @@ def _with_verbosity(add_parser):
 def _add_verify(sub) -> None:
     check = sub.add_parser(
         "verify", help="run the compiled model against the model run eagerly at the example and "
-                       "at sizes from the declared ranges (on a GPU: values and timings)",
-        description="Compare the compiled model with the eager forward at the example sizes and at "
-                    "each dynamic size's minimum, an odd size inside and its maximum (capped): per "
-                    "output max abs/rel difference and bit-exactness, and timings, on a CUDA GPU; "
-                    "on a host without one, the call signature (input checks, size piece, output "
-                    "shapes and dtypes) against the eager run through Triton's interpreter, and "
-                    "what could not be checked. Exit status 0 when every size set passes.")
+                       "at sizes from the declared ranges (values; on a GPU, timings too)",
+        description="Compare the compiled model with the eager forward at the example sizes, at "
+                    "each dynamic size's minimum, an odd size inside and its maximum (capped), and "
+                    "at both ends of every size piece: per output max abs/rel difference and "
+                    "bit-exactness, and timings, on a CUDA GPU; on a host without one, the values "
+                    "of the compiled graph evaluated on the CPU (ONNX's reference evaluator, each "
+                    "launch in Triton's interpreter) against the eager run through the interpreter, "
+                    "and what could not be checked. Exit status 0 when every size set passes.")
     check.add_argument("file", help="the model file")
     check.add_argument("artifacts", nargs="?", default=None,
                        help="a compiled folder (default: compile the file now, into the cache)")

@@ -124,9 +124,7 @@ class CompiledModel:
     def runner(self, backend: str | None = None, *, cuda_graph: bool | str | None = None) -> Any:
         """The target's runner over this model's artifacts (made once, then reused; the
         artifacts it opens are checked again, just before, to be regular files in the folder)."""
-        if backend is not None and not isinstance(backend, str):
-            raise InputError(f"backend must be a target name such as 'ort' (a str), got "
-                             f"{type(backend).__name__} {reprlib.repr(backend)}")
+        _check_backend_name(backend)
         graph = self.cuda_graph if cuda_graph is None else cuda_graph
         if not isinstance(graph, (bool, str)):  # a mode's name is the runner's to check
             raise InputError(f"cuda_graph={reprlib.repr(graph)}: pass True, False or the name of "
@@ -190,17 +188,27 @@ class CompiledModel:
         With CPU tensors, the artifact is *evaluated* instead (:meth:`interpreted`): its ONNX
         graph by ONNX's reference evaluator, each launch by Triton's interpreter. A slow
         checking path, never taken for CUDA tensors."""
-        if tensors and all(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in tensors):
+        if tensors and all(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in tensors) \
+                and self._evaluates_on_cpu(backend):
             if cuda_graph:
                 raise InputError(f"cuda_graph={cuda_graph!r} with CPU tensors: CUDA graphs need "
                                  f"CUDA tensors (CPU tensors evaluate the model on the CPU)")
             return self.interpreted(backend).run(*tensors, out=out)
         return self.runner(backend, cuda_graph=cuda_graph).run(*tensors, out=out)
 
+    def _evaluates_on_cpu(self, backend: str | None) -> bool:
+        """CPU tensors are evaluated (:meth:`interpreted`) for a model built for no target or
+        for a target that wrote an ONNX graph; a target without one (a third party's) gets them."""
+        _check_backend_name(backend)
+        if not self.backends() and backend is None:
+            return True
+        return f"{self._backend(backend)}.onnx" in self.artifacts
+
     def interpreted(self, backend: str | None = None) -> InterpretedModel:
         """The CPU evaluation of this model (:mod:`kernel_lens.runtime.interpreted`): the ONNX
         graph of ``backend``'s artifacts (default: the only target built); a model built for no
         target evaluates the graph the ORT target would write."""
+        _check_backend_name(backend)
         key = (f"cpu:{backend}", False)
         if key not in self._runners:
             if self.backends() or backend is not None:
@@ -226,6 +234,12 @@ class CompiledModel:
         write_manifest(directory, self.ir.name, {k: Path(v.name) for k, v in saved.items()})
         return CompiledModel(self.ir, self.example_outputs, list(self.timings), saved, self.cuda_graph,
                              folder=directory.resolve())
+
+
+def _check_backend_name(backend: object) -> None:
+    if backend is not None and not isinstance(backend, str):
+        raise InputError(f"backend must be a target name such as 'ort' (a str), got "
+                         f"{type(backend).__name__} {reprlib.repr(backend)}")
 
 
 def load(directory: str | Path, *, cuda_graph: bool = False) -> CompiledModel:

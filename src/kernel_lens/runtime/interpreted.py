@@ -21,10 +21,12 @@ import logging
 from pathlib import Path
 from typing import Any, Sequence
 
+import ml_dtypes  # onnx's own dependency: the reference evaluator's bf16 and fp8 arrays
 import numpy as np
 import onnx
 import sympy
 import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..codegen.plan import LaunchPlan, ModelPlan, build_plan
 from ..errors import InputError, KernelLensError, KernelSourceError
@@ -48,8 +50,6 @@ class LaunchRefused(KernelLensError):
 
 
 def _numpy_dtype(dtype: DType) -> Any:
-    import ml_dtypes  # onnx's own dependency: the reference evaluator's bf16 and fp8
-
     special = {DType.bf16: ml_dtypes.bfloat16, DType.fp8e4nv: ml_dtypes.float8_e4m3fn,
                DType.fp8e5: ml_dtypes.float8_e5m2}
     return special.get(dtype) or np.dtype(torch_name(dtype))
@@ -177,8 +177,6 @@ class LaunchNode:
 
     def _arguments(self, kernel: KernelIR, tensors: list[torch.Tensor], outputs: list[torch.Tensor],
                    values: dict[str, int]) -> dict[str, Any]:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
         leaves: dict[str, Any] = {}
         for p in self.plan.pointers:
             base = (tensors if p.slot == "in" else outputs)[p.index]
@@ -229,7 +227,7 @@ def _assembled(p: KernelParam, leaves: dict[str, Any]) -> Any:
 
 
 def _launch_op_class(domain: str, op_type: str, nodes: dict[int, LaunchNode]) -> type:
-    from onnx.reference.op_run import OpRun
+    from onnx.reference.op_run import OpRun  # lazy: onnx.reference takes 0.2 s to import
 
     def _run(self, *arrays, launch=None, **_attributes):
         node = nodes.get(launch)
@@ -263,7 +261,7 @@ class InterpretedModel:
     returns CPU tensors and updates the inputs the model writes, as the CUDA runner does."""
 
     def __init__(self, ir: GraphIR, model: onnx.ModelProto | str | Path) -> None:
-        from onnx.reference import ReferenceEvaluator
+        from onnx.reference import ReferenceEvaluator  # lazy: 0.2 s to import, CPU runs only
 
         if not isinstance(model, onnx.ModelProto):
             model = onnx.load(str(model))
@@ -284,7 +282,7 @@ class InterpretedModel:
         call = self.signature.checked(tensors, out, tuple(self._written))
         if not _said:
             _said = True
-            log.warning("kernel_lens: CPU tensors: evaluating the compiled graph with ONNX's "
+            log.warning("CPU tensors: evaluating the compiled graph with ONNX's "
                         "reference evaluator and each Triton launch with Triton's interpreter "
                         "(a slow checking path; CUDA tensors run the compiled kernels)")
         specs = self.signature.inputs

@@ -105,9 +105,17 @@ class _State:
 
 
 def _cut(conditions: list[list[tuple[bool, int, int]]]) -> list[tuple[int, int]]:
-    """One size's range cut where any of its conditions changes truth."""
+    """One size's range cut where any of its conditions changes truth; sizes 0 and 1 alone
+    (a torch.export Dim's range ends at 2 or above, so they are traced as static sizes)."""
     bounds = sorted({b for parts in conditions for _, lo, hi in parts for b in (lo, hi + 1)})
-    return [(lo, nxt - 1) for lo, nxt in zip(bounds, bounds[1:])]
+    cells = [(lo, nxt - 1) for lo, nxt in zip(bounds, bounds[1:])]
+    out = []
+    for lo, hi in cells:
+        while lo < hi and lo <= 1 and hi < 2:
+            out.append((lo, lo))
+            lo += 1
+        out.append((lo, hi))
+    return out
 
 
 # --- inputs of another size ----------------------------------------------------------------------
