@@ -226,3 +226,47 @@ def eager_on_cpu(model, inputs):
     from kernel_lens.frontends.capture.recorder import capture
 
     return capture(model, tuple(t.clone() if hasattr(t, "clone") else t for t in inputs), 90).outputs
+
+
+CPU_BUDGET = 8192  # input elements: the largest end of a range the fast set evaluates
+
+
+def evaluated_against_eager(module, compiled_model, budget: int = CPU_BUDGET) -> list[dict]:
+    """The compiled model evaluated on the CPU (its graph by ONNX's reference evaluator, each
+    launch by Triton's interpreter) against the model run eagerly through the interpreter, at the
+    example's sizes and at both ends of every piece (of the declared range when unsplit), each end
+    within ``budget`` input elements; returns the sizes checked. Sizes at which eager itself fails
+    on the resized example data (an index out of range) are skipped; the example never is."""
+    import inspect
+
+    import torch
+
+    from kernel_lens.errors import KernelLensError
+    from kernel_lens.frontends.capture.recorder import capture
+    from kernel_lens.verify import cpu_points, cpu_tolerance, inputs_at
+
+    ir = compiled_model.ir
+    forward = module.model.forward if isinstance(module.model, torch.nn.Module) else module.model
+    names = list(inspect.signature(forward).parameters)[:len(module.example_inputs)]
+    example = {s: info.example for s, info in ir.symbols.items()}
+    checked = []
+    for sizes in cpu_points(ir, module.example_inputs, module.dynamic_shapes, budget):
+        inputs = inputs_at(ir, module.example_inputs, module.dynamic_shapes, names, sizes)
+        eager_inputs = [t.clone() for t in inputs]  # written in place by some models:
+        try:                                         # compared after the call too
+            want = flatten(capture(module.model, tuple(eager_inputs), 90).outputs) + eager_inputs
+        except KernelLensError:
+            if sizes == example:
+                raise
+            continue
+        compiled_inputs = [t.clone() for t in inputs]
+        got = flatten(compiled_model.run(*compiled_inputs)) + compiled_inputs
+        assert len(got) == len(want), sizes
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert g.dtype == w.dtype and g.shape == w.shape, (sizes, i)
+            rtol, atol = cpu_tolerance(w.dtype)
+            torch.testing.assert_close(g.float() if g.dtype.itemsize == 1 else g,
+                                       w.float() if w.dtype.itemsize == 1 else w, rtol=rtol,
+                                       atol=atol, equal_nan=True, msg=lambda m: f"{sizes} output {i}: {m}")
+        checked.append(sizes)
+    return checked

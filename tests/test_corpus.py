@@ -11,7 +11,7 @@ from kernel_lens.errors import CompilationError
 from kernel_lens.frontends.aot import compile_binary
 from kernel_lens.ir import GraphIR, ParamKind, evaluate, parse
 
-from conftest import corpus_files, flatten, load_module
+from conftest import corpus_files, evaluated_against_eager, flatten, load_module
 
 
 @pytest.fixture(scope="module", params=[p.stem for p in corpus_files()])
@@ -111,3 +111,12 @@ def test_ptx_and_cubin_for_sm80_and_sm90(compiled):
             continue
         assert [a.name for a in b80.abi] == [a.name for a in b90.abi]
         assert f".entry {b80.entry_name}(" in b80.ptx.replace(" (", "(")
+
+
+# --- the compiled model's values on the CPU (issue 38) -------------------------------------------
+def test_compiled_model_equals_eager_on_the_cpu_at_the_example_and_each_piece_end(compiled):
+    module, result, _ = compiled
+    checked = evaluated_against_eager(module, result)
+    assert checked and checked[0] == {s: i.example for s, i in result.ir.symbols.items()}
+    if result.ir.symbols:
+        assert len(checked) >= 2, checked  # an end of the range besides the example

@@ -27,7 +27,7 @@ import torch
 from .compiler import CompiledModel, compile, load
 from .errors import InputError, KernelLensError
 from .frontends.capture.recorder import capture
-from .frontends.trace.size_pieces import resized_inputs
+from .frontends.trace.size_pieces import piece_ends, resized_inputs
 from .ir import GraphIR
 from .model_file import load_model_file
 from .runtime.signature import CallSignature, torch_dtype
@@ -134,7 +134,16 @@ def size_sets(ir: GraphIR, cap: int = MAX_SIZE) -> list[dict[str, int]]:
     return sets
 
 
-def _inputs_at(ir: GraphIR, example: tuple, spec: Any, names: list[str], sizes: dict[str, int]) -> tuple:
+def cpu_points(ir: GraphIR, example_inputs: tuple, spec: Any, budget: int) -> list[dict[str, int]]:
+    """The example's sizes and both ends of every piece, each within ``budget`` input elements."""
+    points = [{s: info.example for s, info in ir.symbols.items()}]
+    for _, point in piece_ends(ir, budget):
+        if point not in points:
+            points.append(point)
+    return points
+
+
+def inputs_at(ir: GraphIR, example: tuple, spec: Any, names: list[str], sizes: dict[str, int]) -> tuple:
     point = {}
     for s, value in sizes.items():
         info = ir.symbols[s]
@@ -225,7 +234,7 @@ def verify(model: Any, example_inputs: tuple, dynamic_shapes: Any, compiled: Com
         check = SizeCheck(sizes)
         sets.append(check)
         try:
-            inputs = _inputs_at(ir, example_inputs, dynamic_shapes, input_names, sizes)
+            inputs = inputs_at(ir, example_inputs, dynamic_shapes, input_names, sizes)
         except Exception as exc:  # noqa: BLE001 - reported, not raised: the other sets still run
             check.problem = f"inputs of these sizes could not be made: {exc}"
             continue

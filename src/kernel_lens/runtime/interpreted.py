@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 import sympy
 import torch
+import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..codegen.plan import LaunchPlan, ModelPlan, build_plan
@@ -67,12 +68,11 @@ def to_numpy(t: torch.Tensor, dtype: DType) -> np.ndarray:
 
 def to_torch(a: Any, dtype: DType) -> torch.Tensor:
     """A numpy array (or scalar) of ``dtype`` as a CPU tensor that owns a copy of its contents."""
-    a = np.ascontiguousarray(np.asarray(a))
+    a = np.array(a, copy=True, order="C")  # (np.ascontiguousarray makes a 0-d array 1-d)
     if dtype in (DType.bf16, DType.fp8e4nv, DType.fp8e5):
-        raw = torch.from_numpy(a.view(np.int16 if dtype == DType.bf16 else np.uint8).copy())
+        raw = torch.from_numpy(a.view(np.int16 if dtype == DType.bf16 else np.uint8))
         return raw.view(getattr(torch, torch_name(dtype)))
-    want = getattr(torch, torch_name(dtype))
-    return torch.from_numpy(a.copy()).to(want)
+    return torch.from_numpy(a).to(getattr(torch, torch_name(dtype)))
 
 
 def poison(shape: Sequence[int], dtype: DType) -> torch.Tensor:
@@ -202,7 +202,8 @@ class LaunchNode:
                 leaves[p.name] = constexpr_from_ir(p.constexpr_value, resolve)
             elif p.name not in leaves:  # a pointer parameter given None
                 leaves[p.name] = None
-        return {p.name: _assembled(p, leaves) for p in kernel.params}
+        annotated = {p.name for p in self._jit(kernel).params if p.is_constexpr}
+        return {p.name: _assembled(p, leaves, p.name in annotated) for p in kernel.params}
 
     @staticmethod
     def _resolver(kernel: KernelIR):
@@ -220,10 +221,17 @@ class LaunchNode:
         return jit_from_ir(kernel.source, {h.qualname: h for h in kernel.helpers})
 
 
-def _assembled(p: KernelParam, leaves: dict[str, Any]) -> Any:
-    if p.kind != ParamKind.tuple:
-        return leaves[p.name]
-    return tuple_type(p.type_name, p.fields)(*[_assembled(item, leaves) for item in p.items])
+def _assembled(p: KernelParam, leaves: dict[str, Any], annotated: bool) -> Any:
+    """A parameter's value as the launch passes it: a tuple rebuilt from its leaves; a constexpr
+    of a parameter not annotated ``tl.constexpr`` (or inside a tuple) wrapped in
+    ``tl.constexpr``, as the user had to pass it (Triton's binder refuses a bare ``tl.dtype``)."""
+    if p.kind == ParamKind.tuple:
+        return tuple_type(p.type_name, p.fields)(*[_assembled(item, leaves, False) for item in p.items])
+    value = leaves[p.name]
+    if p.kind == ParamKind.constexpr and not annotated and not isinstance(value, tl.constexpr) \
+            and value is not None and not callable(value):
+        return tl.constexpr(value)
+    return value
 
 
 def _launch_op_class(domain: str, op_type: str, nodes: dict[int, LaunchNode]) -> type:

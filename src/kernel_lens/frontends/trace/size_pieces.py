@@ -318,3 +318,59 @@ def describe(ir: GraphIR) -> str:
         kernels = ", ".join(sorted({k.name for k in piece.graph.kernels.values()})) or "none"
         lines.append(f"piece {k}: {boxes}: {len(piece.graph.launches)} launches ({kernels})")
     return "\n".join(lines)
+
+
+# --- where a piece is least proven: its ends ---------------------------------------------------
+def input_elements(ir: GraphIR, sizes: dict[str, int]) -> int:
+    """How many elements the inputs of a call at ``sizes`` (symbol -> value) hold."""
+    from ...ir import evaluate, parse  # noqa: PLC0415 - lazy: sympy parsing, called rarely
+    names = list(ir.symbols)
+    total = 0
+    for name in ir.inputs:
+        count = 1
+        for dim in ir.values[name].shape:
+            count *= int(evaluate(parse(dim, names), sizes))
+        total += count
+    return total
+
+
+def piece_ends(ir: GraphIR, budget: int | None = None) -> list[tuple[int | None, dict[str, int]]]:
+    """(piece index or None, sizes) for both ends of every piece's boxes (of the declared ranges,
+    for a model with no pieces), each size not in the box at the example's value. With
+    ``budget``, an end whose inputs would hold more than ``budget`` elements is moved toward the
+    example's sizes (all sizes alike) until they fit: the largest end a slow evaluation (Triton's
+    interpreter) can afford. Duplicates dropped."""
+    example = {s: info.example for s, info in ir.symbols.items()}
+    boxes: list[tuple[int | None, dict[str, tuple[int, int]]]] = []
+    if ir.pieces:
+        boxes = [(k, box.ranges) for k, p in enumerate(ir.pieces) for box in p.when]
+    elif ir.symbols:
+        boxes = [(None, {s: (i.min, i.max if i.max is not None else max(i.min, i.example))
+                         for s, i in ir.symbols.items()})]
+    out: list[tuple[int | None, dict[str, int]]] = []
+    for k, ranges in boxes:
+        for end in (0, 1):
+            point = {**example, **{s: r[end] for s, r in ranges.items()}}
+            if budget is not None and input_elements(ir, point) > budget:
+                point = _within(ir, ranges, example, point, budget)
+            if point is not None and (k, point) not in out:
+                out.append((k, point))
+    return out
+
+
+def _within(ir: GraphIR, ranges: dict[str, tuple[int, int]], example: dict[str, int],
+            end: dict[str, int], budget: int) -> dict[str, int] | None:
+    """The point on the way from the box's point nearest the example to ``end`` that is nearest
+    ``end`` with inputs of at most ``budget`` elements (None: not even the start fits)."""
+    start = {s: min(max(example[s], lo), hi) for s, (lo, hi) in ranges.items()}
+    start = {**example, **start}
+
+    def at(t: float) -> dict[str, int]:
+        return {s: round(start[s] + t * (end[s] - start[s])) for s in end}
+    if input_elements(ir, start) > budget:
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(24):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if input_elements(ir, at(mid)) <= budget else (lo, mid)
+    return at(lo)
