@@ -1,0 +1,174 @@
+"""Models that compiled silently wrong before issue 38, and the partial-write patterns it names.
+
+Each entry of ``CASES`` is ``name -> (model, example inputs, dynamic_shapes)``. Every model is
+small (a few columns), so the compiled model can be evaluated on the CPU at every size its
+declared range is tried at.
+"""
+
+import torch
+import triton
+import triton.language as tl
+from torch.export import Dim
+
+
+@triton.jit
+def scale_kernel(x_ptr, out_ptr, n, s, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=m) * s, mask=m)
+
+
+@triton.jit
+def head_kernel(x_ptr, out_ptr, x_row, out_row, width, BLOCK: tl.constexpr):
+    """out[row, :width] = -x[row, :width] (rows strided by x_row / out_row elements)."""
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    m = offs < width
+    x = tl.load(x_ptr + row * x_row + offs, mask=m)
+    tl.store(out_ptr + row * out_row + offs, -x, mask=m)
+
+
+@triton.jit
+def rows_kernel(x_ptr, out_ptr, cols, step, BLOCK: tl.constexpr):
+    """out[row * step, :] = x[row * step, :] + 1 for each program's row: every step-th row."""
+    row = tl.program_id(0) * step
+    offs = tl.arange(0, BLOCK)
+    m = offs < cols
+    x = tl.load(x_ptr + row * cols + offs, mask=m)
+    tl.store(out_ptr + row * cols + offs, x + 1.0, mask=m)
+
+
+COLS = 8
+_TABLE = [1.0, 0.5, 0.25, 0.125]
+
+
+class TableScale(torch.nn.Module):
+    """A value computed from a size inside a piece: a table indexed by min(batch, 3)."""
+
+    def forward(self, x):
+        h = x * _TABLE[min(x.shape[0], 3)]
+        out = torch.empty_like(h)
+        scale_kernel[(triton.cdiv(h.numel(), 64),)](h, out, h.numel(), 2.0, BLOCK=64)
+        return out
+
+
+class SizeOneFastPath(torch.nn.Module):
+    """A size-1 fast path."""
+
+    def forward(self, x):
+        h = x + 1
+        if x.shape[0] == 1:
+            h = h * 0.5
+        out = torch.empty_like(h)
+        scale_kernel[(triton.cdiv(h.numel(), 64),)](h, out, h.numel(), 2.0, BLOCK=64)
+        return out
+
+
+class SizeArithmetic(torch.nn.Module):
+    """Host code computing from sizes with min, max, //, % and a threshold: torch ops and kernel
+    scalars both take the values."""
+
+    def forward(self, x):
+        n = x.shape[0]
+        a = min(max(n // 4, 1), 3)
+        b = n % 3
+        t = 2.0 if n > 40 else 0.5
+        h = x * a + b
+        out = torch.empty_like(h)
+        scale_kernel[(triton.cdiv(h.numel(), 64),)](h, out, h.numel(), t, BLOCK=64)
+        return out
+
+
+class PartialRotary(torch.nn.Module):
+    """A kernel writing the first ``rot`` columns of a buffer whose tail torch filled (copy_)."""
+
+    def forward(self, x):
+        rot = 4
+        out = torch.empty_like(x)
+        out[..., rot:].copy_(x[..., rot:])
+        head_kernel[(x.shape[0],)](x, out, x.shape[1], out.shape[1], rot, BLOCK=8)
+        return out
+
+
+class ZerosFirstRows(torch.nn.Module):
+    """torch.zeros, then a kernel writes the first half of its rows."""
+
+    def forward(self, x):
+        out = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
+        half = (x.shape[0] + 1) // 2
+        rows_kernel[(half,)](x, out, x.shape[1], 1, BLOCK=8)
+        return out
+
+
+class EveryOtherRow(torch.nn.Module):
+    """A torch result written every other row in place by a kernel that never reads it."""
+
+    def forward(self, x):
+        out = x * 2
+        rows_kernel[((x.shape[0] + 1) // 2,)](x, out, x.shape[1], 2, BLOCK=8)
+        return out
+
+
+class SliceWrite(torch.nn.Module):
+    """A kernel writing through a column slice of a buffer torch filled."""
+
+    def forward(self, x):
+        out = torch.empty_like(x)
+        out.fill_(3.0)
+        view = out[:, 2:6]
+        head_kernel[(x.shape[0],)](x, view, x.shape[1], out.shape[1], 4, BLOCK=8)
+        return out
+
+
+class StridedViewWrite(torch.nn.Module):
+    """A kernel writing through a strided view (every other row) of a torch result."""
+
+    def forward(self, x):
+        out = x - 1
+        view = out[::2]
+        head_kernel[(view.shape[0],)](x[::2], view, 2 * x.shape[1], 2 * out.shape[1], 6, BLOCK=8)
+        return out
+
+
+class SeveralLaunchesOneBuffer(torch.nn.Module):
+    """torch fills the first columns, one kernel the middle ones (through a slice), another the
+    first rows' head, all into one torch.empty buffer."""
+
+    def forward(self, x):
+        out = torch.empty_like(x)
+        out[:, :2].copy_(x[:, :2] * 3)
+        out[:, 6:].fill_(-1.0)
+        head_kernel[(x.shape[0],)](x[:, 2:], out[:, 2:], x.shape[1], out.shape[1], 4, BLOCK=8)
+        half = (x.shape[0] + 1) // 2
+        rows_kernel[(half,)](x, out, x.shape[1], 2, BLOCK=8)
+        return out
+
+
+def _x(rows: int = 4) -> tuple:
+    return (torch.randn(rows, COLS, generator=torch.Generator().manual_seed(rows)),)
+
+
+_BATCH = {"x": {0: Dim("batch", min=1, max=256)}}
+_ROWS = {"x": {0: Dim("rows", min=1, max=64)}}
+
+CASES = {
+    "table_scale": (TableScale(), _x(4), _BATCH),
+    "size_one_fast_path": (SizeOneFastPath(), _x(4), _BATCH),
+    "size_arithmetic": (SizeArithmetic(), _x(8), {"x": {0: Dim("n", min=1, max=64)}}),
+    "partial_rotary": (PartialRotary(), _x(4), _ROWS),
+    "zeros_first_rows": (ZerosFirstRows(), _x(6), _ROWS),
+    "every_other_row": (EveryOtherRow(), _x(6), _ROWS),
+    "slice_write": (SliceWrite(), _x(5), _ROWS),
+    "strided_view_write": (StridedViewWrite(), _x(6), {"x": {0: 2 * Dim("half", min=1, max=32)}}),
+    "several_launches_one_buffer": (SeveralLaunchesOneBuffer(), _x(5), _ROWS),
+}
+
+
+def sizes_to_try(lo: int, hi: int) -> list[int]:
+    """Every size up to 9 and the sizes around each power of two up to ``hi``, within [lo, hi]."""
+    picks = set(range(lo, min(hi, 9) + 1)) | {hi}
+    k = 4
+    while k <= hi:
+        picks |= {k - 1, k, k + 1}
+        k *= 2
+    return sorted(p for p in picks if lo <= p <= hi)
