@@ -11,7 +11,10 @@ import torch
 
 import kernel_lens as kl
 from kernel_lens.codegen.launch_io import launch_io
+from kernel_lens.errors import TraceError
 from kernel_lens.frontends.capture.recorder import capture
+from kernel_lens.frontends.trace.size_pieces import difference, piece_ends
+from kernel_lens.ir.graph import ConstArg
 
 from conftest import ROOT, load_module
 
@@ -76,3 +79,64 @@ def test_a_kernel_filling_a_fresh_buffer_alone_is_still_a_fresh_output():
     launch = ir.graphs()[0].launches[0]
     io = launch_io(ir.graphs()[0], launch, "__v")
     assert [io.copy_from[v] for v, _ in io.outputs] == [None]
+
+
+# --- pieces proven at their ends (issue 38 item 2) -----------------------------------------------
+def test_each_piece_is_traced_again_at_both_ends_and_the_proof_is_recorded():
+    model, inputs, dims = never_wrong.CASES["table_scale"]
+    compiled = kl.compile(model, inputs, dynamic_shapes=dims, arch=90)
+    proofs = [p.graph.proven_at for p in compiled.ir.pieces]
+    assert proofs == [[], [], [{"batch": 3}, {"batch": 256}]]  # pieces 0, 1: one size each
+    assert "traced at batch=4; proven at batch=3; batch=256" in compiled.summary()
+    again = kl.ir.GraphIR.from_json(compiled.ir.to_json())
+    assert [p.graph.proven_at for p in again.pieces] == proofs
+
+
+def test_a_model_that_takes_another_path_at_an_end_is_refused_in_one_line():
+    with pytest.raises(TraceError, match=r"takes another path at rows=2 than at rows=4 inside the "
+                       r"piece of the declared range where rows in \[2, 64\].*argument 's' is "
+                       r"[0-9.]+ there, [0-9.]+ in the piece") as err:
+        kl.compile(never_wrong.Stateful(), never_wrong._x(4),
+                   dynamic_shapes={"x": {0: torch.export.Dim("rows", min=1, max=64)}}, arch=90)
+    assert "\n" not in str(err.value)
+
+
+def test_an_end_beyond_the_budget_is_moved_inward_and_the_proof_says_where():
+    ir = kl.compile(never_wrong.Stateless(), (torch.randn(4, 8),), arch=90,
+                    dynamic_shapes={"x": {0: torch.export.Dim("rows", min=1, max=4096)}}).ir
+    assert [p.when[0].ranges["rows"] for p in ir.pieces] == [(1, 1), (2, 4096)]  # size 1 alone
+    assert piece_ends(ir) == [(0, {"rows": 1}), (1, {"rows": 2}), (1, {"rows": 4096})]
+    assert piece_ends(ir, budget=1024) == [(0, {"rows": 1}), (1, {"rows": 2}), (1, {"rows": 128})]
+    # 1 << 14 input elements on a CPU host, 8 columns: 2048 rows
+    assert ir.pieces[1].graph.proven_at == [{"rows": 2}, {"rows": 2048}]
+
+
+@pytest.mark.parametrize("plant, message", [
+    (lambda g: setattr(g.launches[0], "grid", ("batch", "1", "1")), "has grid ('batch', '1', '1') there"),
+    (lambda g: next(p for p in g.kernels[g.launches[0].kernel].params if p.name == "BLOCK")
+     .__setattr__("constexpr_value", 32), "constexpr 'BLOCK' is 32 there, 64 in the piece"),
+    (lambda g: next(a for a in g.launches[0].args if a.name == "s").__setattr__("constant", 2.5),
+     "argument 's' is 2.5 there, 2.0 in the piece"),
+    (lambda g: g.ops[0].args.__setitem__(1, ConstArg(const=0.5)), "torch op 0 is aten.mul.Tensor"),
+    (lambda g: g.ops.pop(), "torch ops there"),
+    (lambda g: g.launches.append(g.launches[0].model_copy()), "kernel launches there"),
+])
+def test_every_difference_between_a_piece_and_its_trace_at_an_end_is_found(plant, message):
+    model, inputs, dims = never_wrong.CASES["table_scale"]
+    graph = kl.compile(model, inputs, dynamic_shapes=dims, arch=90).ir.pieces[2].graph
+    assert difference(graph, graph.model_copy(deep=True)) is None
+    other = graph.model_copy(deep=True)
+    plant(other)
+    assert message in difference(graph, other)
+
+
+def test_an_autotuned_constexpr_may_differ_at_an_end():
+    """A tuner picks a config per size; any config computes the kernel: not a difference."""
+    model, inputs, dims = never_wrong.CASES["table_scale"]
+    graph = kl.compile(model, inputs, dynamic_shapes=dims, arch=90).ir.pieces[2].graph
+    kernel = graph.kernels[graph.launches[0].kernel]
+    kernel.options.autotune_config = {"BLOCK": 64}
+    other = graph.model_copy(deep=True)
+    next(p for p in other.kernels[kernel.id].params if p.name == "BLOCK").constexpr_value = 128
+    next(a for a in other.launches[0].args if a.name == "BLOCK").constant = 128
+    assert difference(graph, other) is None

@@ -58,6 +58,13 @@ def _graph_lines(ir: GraphIR) -> list[str]:
     """The body (ops and launches in program order) and the kernels of one graph."""
     names = list(ir.symbols)
     out: list[str] = []
+    traced = ", ".join(f"{n}={s.example}" for n, s in ir.symbols.items())
+    if ir.proven_at:
+        again = "; ".join(", ".join(f"{n}={v}" for n, v in p.items()) for p in ir.proven_at)
+        out.append(f"traced at {traced or 'static sizes'}; proven at {again} (traced again there: "
+                   f"the same graph)")
+    elif ir.symbols:
+        out.append(f"traced at {traced}")
     out.append("body:")
     for node in ir.nodes():
         if isinstance(node, TorchOp):

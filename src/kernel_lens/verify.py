@@ -27,7 +27,7 @@ import torch
 from .compiler import CompiledModel, compile, load
 from .errors import InputError, KernelLensError
 from .frontends.capture.recorder import capture
-from .frontends.trace.size_pieces import piece_ends, resized_inputs
+from .frontends.trace.size_pieces import inputs_at, piece_ends
 from .ir import GraphIR
 from .model_file import load_model_file
 from .runtime.signature import CallSignature, torch_dtype
@@ -141,14 +141,6 @@ def cpu_points(ir: GraphIR, example_inputs: tuple, spec: Any, budget: int) -> li
         if point not in points:
             points.append(point)
     return points
-
-
-def inputs_at(ir: GraphIR, example: tuple, spec: Any, names: list[str], sizes: dict[str, int]) -> tuple:
-    point = {}
-    for s, value in sizes.items():
-        info = ir.symbols[s]
-        point[(info.input, info.dim)] = info.scale * value + info.offset
-    return resized_inputs(example, spec, names, point)
 
 
 def _flat(x: Any) -> list:

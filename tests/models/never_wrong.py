@@ -172,3 +172,27 @@ def sizes_to_try(lo: int, hi: int) -> list[int]:
         picks |= {k - 1, k, k + 1}
         k *= 2
     return sorted(p for p in picks if lo <= p <= hi)
+
+
+class Stateful(torch.nn.Module):
+    """A forward whose kernel scalar changes from call to call (a counter): no size explains the
+    difference, so no condition torch records does; traced again at the range's ends it differs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        out = torch.empty_like(x)
+        scale_kernel[(triton.cdiv(x.numel(), 64),)](x, out, x.numel(), float(self.calls), BLOCK=64)
+        return out
+
+
+class Stateless(torch.nn.Module):
+    """One kernel over the whole input, nothing branching on its size."""
+
+    def forward(self, x):
+        out = torch.empty_like(x)
+        scale_kernel[(triton.cdiv(x.numel(), 64),)](x, out, x.numel(), 2.0, BLOCK=64)
+        return out

@@ -626,8 +626,16 @@ def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes:
         return _lift_graph(model, inputs, shapes, archs=archs, roles=roles, autotune=autotune,
                            display=display, dynamic=dynamic, translatable=translatable)
 
-    ir, outputs = size_pieces.lift_in_pieces(lift_one, tuple(example_inputs), dynamic_shapes,
-                                             _input_names(model, len(example_inputs)))
+    names = _input_names(model, len(example_inputs))
+    ir, outputs = size_pieces.lift_in_pieces(lift_one, tuple(example_inputs), dynamic_shapes, names)
+
+    def traced_again(inputs: tuple, shapes: Any) -> GraphIR:  # the same, without binaries
+        return _lift_graph(model, inputs, shapes, archs=archs, roles=roles, autotune=autotune,
+                           display=display, dynamic=dynamic, translatable=translatable,
+                           binaries=False)[0]
+    native = any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
+    ir = size_pieces.prove_ends(ir, traced_again, tuple(example_inputs), dynamic_shapes, names,
+                                size_pieces.PROOF_BUDGET_GPU if native else size_pieces.PROOF_BUDGET_CPU)
     if dynamic:
         log.info("dynamic=True settled on:\n%s", describe_dims(ir))
     return ir, outputs
@@ -647,8 +655,10 @@ def _input_names(model: Callable, count: int) -> list[str]:
 def _lift_graph(model: Callable, example_inputs: tuple, dynamic_shapes: Any, *,
                 archs: tuple[int, ...],
                 roles: dict, autotune: dict | None, display: str, dynamic: bool,
-                translatable: Callable[[str], bool] | None) -> tuple[GraphIR, Any]:
-    """Capture, trace and AOT-compile one graph (see :func:`lift_with_outputs`)."""
+                translatable: Callable[[str], bool] | None,
+                binaries: bool = True) -> tuple[GraphIR, Any]:
+    """Capture, trace and AOT-compile one graph (see :func:`lift_with_outputs`); with
+    ``binaries=False`` the kernels get no binaries (a graph traced only to be compared)."""
     with progress.stage("capture"):  # the eager run that records the Triton launches
         captured = capture(model, tuple(example_inputs), archs[0], autotune)
     while True:
@@ -672,7 +682,7 @@ def _lift_graph(model: Callable, example_inputs: tuple, dynamic_shapes: Any, *,
     builder = _GraphBuilder(program, traced, captured.launches, kernels, launch_kernels,
                             dynamic_shapes, variants, translatable)
     inputs, outputs = builder.build()
-    for kernel in kernels.values():
+    for kernel in kernels.values() if binaries else ():
         for arch in archs:
             kernel.binaries.append(compile_binary(kernel, arch, kernel.specialization, specialized=True))
     ir = GraphIR(

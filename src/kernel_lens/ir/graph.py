@@ -20,7 +20,7 @@ from .names import Identifier, MAX_NAME
 from .symbolic import SymbolInfo, SymExpr, parse, symbol
 from .types import DType
 
-SCHEMA_VERSION = "1.4"
+SCHEMA_VERSION = "1.5"
 
 # What one document may hold: far past any model (an 80-layer LLM launches a few thousand
 # kernels), near enough that a crafted document is refused before it costs seconds or gigabytes.
@@ -229,6 +229,12 @@ class GraphIR(_Model):
         default_factory=list, max_length=64,
         description="optimizations the lowering applies to the ONNX graph, in this order "
         "(kernel_lens.compile's optimize=: names of kernel_lens.onnx.graph_passes; empty: none)")
+    proven_at: list[dict[Identifier, int]] = Field(
+        default_factory=list, max_length=2 * MAX_PIECES,
+        description="sizes (symbol -> value) besides the example at which the front end captured "
+        "and traced the model again and found this graph: the same ops, constants and launches "
+        "(grids, scalars, constexprs). Empty: traced at its example only (a size range torch "
+        "reasons about soundly; see docs/usage.md, 'Size pieces proven at their ends')")
     pieces: list[SizePiece] = Field(
         default_factory=list, max_length=MAX_PIECES, description="size branches: the graphs serving parts of the declared "
         "ranges, tried in order (empty: one graph, this one, serves every size)")

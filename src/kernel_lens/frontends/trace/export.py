@@ -11,7 +11,6 @@ traced like the others.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import io
 import itertools
 import logging
@@ -365,24 +364,6 @@ def _missing_launches(captured: list[CapturedLaunch], seen: list, program: Any) 
             f"{where}")
 
 
-def _sizes_from_declared_minimum(orig: Callable) -> Callable:
-    """ShapeEnv.create_symbol, without torch's 0/1 assumption for a size declared to reach 1 (or
-    0): torch otherwise reasons as if every dynamic size were at least 2 (its "0/1
-    specialization"), so ``if x.shape[0] == 1`` or ``min(x.shape[0], 3)`` is decided for the
-    example's path with no guard, and the graph is silently wrong at size 1. Here such a size's
-    range starts where the user's Dim does: torch guards the branch, and the range is split at it
-    (:mod:`.size_pieces`; a piece of one size is traced with that size static)."""
-    signature = inspect.signature(orig)
-
-    def create_symbol(*args: Any, **kwargs: Any) -> Any:
-        bound = signature.bind(*args, **kwargs)
-        vr = getattr(bound.arguments.get("constraint_dim"), "vr", None)
-        if vr is not None and vr.lower is not None and vr.lower <= 1:
-            bound.arguments["do_not_specialize_zero_one"] = True
-        return orig(*bound.args, **bound.kwargs)
-    return create_symbol
-
-
 # (shape env, declared range per symbol) of exports whose guards violated the declared ranges
 _violations: list[tuple[Any, dict]] = []
 
@@ -436,8 +417,7 @@ def _export(module: torch.nn.Module, example_inputs: tuple, dynamic_shapes: Any,
     env = symbolic_shapes.ShapeEnv
     try:
         with _tracing(tracer), contextlib.redirect_stderr(chatter), _kept_logs(chatter), \
-                _patched(env, "produce_guards_verbose", _recording_violations(env.produce_guards_verbose)), \
-                _patched(env, "create_symbol", _sizes_from_declared_minimum(env.create_symbol)):
+                _patched(env, "produce_guards_verbose", _recording_violations(env.produce_guards_verbose)):
             program = torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic_shapes,
                                           strict=False,
                                           prefer_deferred_runtime_asserts_over_guards=deferred)

@@ -21,13 +21,16 @@ from typing import Any, Callable
 import torch
 from torch.export.dynamic_shapes import Dim, _DerivedDim
 
+from ... import progress
 from ...errors import KernelLensError, SizeBranchError, TraceError
-from ...ir import GraphIR, SizeBox, SizePiece, SymbolInfo, TensorValue
+from .export import SizeBranch
+from ...ir import GraphIR, SizeBox, SizePiece, SymbolInfo, TensorValue, evaluate, parse
 from ...ir.names import is_identifier
 
 log = logging.getLogger(__name__)
 
 MAX_PIECES = 8  # graphs one model may be split into
+UNBOUNDED = 1 << 62  # the top of a declared range with no max, in a cell
 
 Dim_ = tuple[int, int]  # (graph input index, dim)
 Cell = dict[Dim_, tuple[int, int]]  # input dim -> [lo, hi]
@@ -38,10 +41,14 @@ def lift_in_pieces(lift_one: Callable[[tuple, Any], tuple[GraphIR, Any]], inputs
     """``lift_one(inputs, dynamic_shapes) -> (ir, eager outputs)`` over the declared ranges, or,
     where it raises :class:`SizeBranchError`, piece by piece (module docstring); returns the IR
     and the example's eager outputs."""
-    try:
-        return lift_one(inputs, dynamic_shapes)
-    except SizeBranchError as exc:
-        first = exc
+    small = _sizes_zero_and_one(inputs, dynamic_shapes, input_names)
+    if small:
+        first = SizeBranchError("sizes 0 and 1 are traced on their own", small)
+    else:
+        try:
+            return lift_one(inputs, dynamic_shapes)
+        except SizeBranchError as exc:
+            first = exc
     state = _State(lift_one, input_names, inputs)
     pieces = state.region(inputs, dynamic_shapes, {}, first)
     ir = _combine(pieces, state)
@@ -94,7 +101,7 @@ class _State:
                      ", ".join(f"{self.names[i]}.shape[{k}]={v}" for (i, k), v in point.items()))
             try:
                 ir, outputs = self.lift_one(sub_inputs, sub_spec)
-                is_example = all(a is b for a, b in zip(sub_inputs, inputs)) and inputs is self.example
+                is_example = all(a is b for a, b in zip(sub_inputs, self.example))
                 out.append((box, ir, outputs, is_example))
             except SizeBranchError as deeper:
                 out += self.region(sub_inputs, sub_spec, box, deeper)
@@ -102,6 +109,28 @@ class _State:
                 raise type(err)(f"in the piece of the declared range where {where} (the model's "
                                 f"code branches on sizes there): {err}") from err
         return out
+
+
+def _sizes_zero_and_one(inputs: tuple, spec: Any, names: list[str]) -> list[SizeBranch]:
+    """A branch at 2 for every declared range that holds size 0 or 1 and larger sizes: torch
+    reasons as if a dynamic size were at least 2 (its "0/1 specialization": ``if n == 1``,
+    ``min(n, 3)``, a stride of a size-1 dim are decided for the example's path, unguarded), so a
+    graph traced at 4 would be silently wrong at 1. Sizes 0 and 1 are traced on their own, as
+    static sizes; the rest of the range from 2."""
+    out, seen = [], set()
+    for i, name in enumerate(names):
+        t = inputs[i] if i < len(inputs) else None
+        for d in range(t.dim() if isinstance(t, torch.Tensor) else 0):
+            entry = _entry(spec, i, name, d)
+            if not isinstance(entry, Dim) or isinstance(entry, _DerivedDim) or id(entry) in seen:
+                continue  # (a derived dim follows its root, split where the root is an input dim)
+            lo = int(entry.min)
+            hi = int(entry.max) if isinstance(entry.max, int) else UNBOUNDED
+            if lo <= 1 < hi:
+                seen.add(id(entry))
+                out.append(SizeBranch(name, d, f"{name}.shape[{d}] >= 2",
+                                      [(False, lo, 1), (True, 2, hi)]))
+    return out
 
 
 def _cut(conditions: list[list[tuple[bool, int, int]]]) -> list[tuple[int, int]]:
@@ -185,11 +214,15 @@ def narrowed(spec: Any, names: list[str], box: Cell) -> Any:
     for key, (lo, hi) in ranges.items():
         if isinstance(key, int):
             root = next(_dims_in(spec, key))
-            new[key] = Dim.STATIC if lo == hi else Dim(root.__name__, min=lo, max=hi)
+            new[key] = Dim.STATIC if lo == hi else Dim(root.__name__, min=lo, max=_top(hi))
         else:  # a Dim.AUTO/DYNAMIC hint: named as the IR names its symbol, <input>_<dim>
             owner = key[1] if isinstance(key[1], str) else names[key[1]]
-            new[key] = Dim.STATIC if lo == hi else Dim(f"{owner}_{key[2]}", min=lo, max=hi)
+            new[key] = Dim.STATIC if lo == hi else Dim(f"{owner}_{key[2]}", min=lo, max=_top(hi))
     return _rebuild(spec, new, [])
+
+
+def _top(hi: int) -> Any:
+    return hi if hi < UNBOUNDED else Dim("_").max  # torch's own "no max"
 
 
 def _dims_in(spec: Any, ident: int):
@@ -253,7 +286,8 @@ def _combine(pieces: list[tuple[Cell, GraphIR, Any, bool]], state: _State) -> Gr
         lo = min(cell[d][0] for cell, _, _, _ in pieces)
         hi = max(cell[d][1] for cell, _, _, _ in pieces)
         example_size = int(state.example[d[0]].shape[d[1]])
-        symbols[name] = SymbolInfo(input=d[0], dim=d[1], min=lo, max=hi, example=example_size)
+        symbols[name] = SymbolInfo(input=d[0], dim=d[1], min=lo, max=hi if hi < UNBOUNDED else None,
+                                   example=example_size)
     for name, info in list(symbols.items()):  # the example's own value
         if name in example.symbols:
             symbols[name] = info.model_copy(update={"example": example.symbols[name].example})
@@ -323,7 +357,6 @@ def describe(ir: GraphIR) -> str:
 # --- where a piece is least proven: its ends ---------------------------------------------------
 def input_elements(ir: GraphIR, sizes: dict[str, int]) -> int:
     """How many elements the inputs of a call at ``sizes`` (symbol -> value) hold."""
-    from ...ir import evaluate, parse  # noqa: PLC0415 - lazy: sympy parsing, called rarely
     names = list(ir.symbols)
     total = 0
     for name in ir.inputs:
@@ -374,3 +407,121 @@ def _within(ir: GraphIR, ranges: dict[str, tuple[int, int]], example: dict[str, 
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if input_elements(ir, at(mid)) <= budget else (lo, mid)
     return at(lo)
+
+
+def inputs_at(ir: GraphIR, example: tuple, spec: Any, names: list[str], sizes: dict[str, int]) -> tuple:
+    """The example inputs resized to ``sizes`` (symbol -> value; each input dim at
+    ``scale*value + offset``), the example's data tiled or cut along the resized dims."""
+    point = {}
+    for s, value in sizes.items():
+        info = ir.symbols[s]
+        point[(info.input, info.dim)] = info.scale * value + info.offset
+    return resized_inputs(example, spec, names, point)
+
+
+# --- each piece proven at its ends (issue 38) ----------------------------------------------------
+PROOF_BUDGET_CPU = 1 << 14  # input elements: the largest end captured through Triton's interpreter
+PROOF_BUDGET_GPU = 1 << 26  # captured natively
+
+
+def prove_ends(ir: GraphIR, lift_one: Callable[[tuple, Any], GraphIR], inputs: tuple,
+               spec: Any, names: list[str], budget: int) -> GraphIR:
+    """``ir`` with each piece's graph captured and traced again at both ends of its sizes
+    (:func:`piece_ends`, within ``budget`` input elements) by ``lift_one(inputs, spec)`` and
+    found to be the same graph there: those sizes are recorded in its ``proven_at``. A piece
+    whose graph differs at an end is refused in one line: the model took another path there
+    and torch.export recorded no condition to split the range on. (A model of one graph is
+    traced over a range torch reasons about soundly: sizes 0 and 1 are always pieces of their
+    own, :func:`_sizes_zero_and_one`; a piece of one size is traced at that size.)"""
+    proven: dict[int, list[dict[str, int]]] = {}
+    for k, sizes in piece_ends(ir, budget) if ir.pieces else ():
+        graph, ranges = ir.pieces[k].graph, ir.pieces[k].when[0].ranges
+        own = {s: info.example for s, info in graph.symbols.items()}
+        if all(sizes.get(s) == own.get(s) for s in ranges) or all(lo == hi for lo, hi in ranges.values()):
+            continue  # traced there (or at its only size)
+        where = _brief_sizes(sizes)
+        with progress.stage(f"prove piece {k} at {where}"):
+            again = lift_one(inputs_at(ir, inputs, spec, names, sizes),
+                             spec_for_box(ir, spec, names, ranges))
+        problem = difference(graph, again, ir.constants)
+        if problem is not None:
+            box = ", ".join(f"{s} in [{lo}, {hi}]" for s, (lo, hi) in ranges.items())
+            raise TraceError(
+                f"the model takes another path at {where} than at {_brief_sizes(own)} inside the "
+                f"piece of the declared range where {box}, and torch.export recorded no condition "
+                f"that tells them apart: {problem}; narrow the Dim range, or make the size static")
+        proven.setdefault(k, []).append(sizes)
+    if not proven:
+        return ir
+    pieces = [p.model_copy(update={"graph": p.graph.model_copy(update={"proven_at": proven.get(k, [])})})
+              for k, p in enumerate(ir.pieces)]
+    return ir.model_copy(update={"pieces": pieces})
+
+
+def _brief_sizes(sizes: dict[str, int]) -> str:
+    return ", ".join(f"{s}={v}" for s, v in sizes.items()) or "the example"
+
+
+def spec_for_box(ir: GraphIR, spec: Any, names: list[str], ranges: dict[str, tuple[int, int]]) -> Any:
+    """The user's ``dynamic_shapes`` narrowed to a box of symbol ranges (as the piece was traced)."""
+    cell = {(ir.symbols[s].input, ir.symbols[s].dim): r for s, r in ranges.items()}
+    return narrowed(spec, names, cell)
+
+
+def difference(graph: GraphIR, again: GraphIR, shared: dict | None = None) -> str | None:
+    """The first difference between a piece's graph and the same code traced at other sizes
+    (ops with their arguments, constants, launches with grids, scalars and constexprs), in words;
+    None when they are the same graph. Kernel ids, example sizes, captured grids and what the JIT
+    assumed (alignment, divisibility) may differ; autotuned constexprs too (a config chosen per
+    size is the tuner's, and any config computes the kernel)."""
+    if len(graph.ops) != len(again.ops):
+        return f"{len(again.ops)} torch ops there, {len(graph.ops)} in the piece"
+    for a, b in zip(graph.ops, again.ops):
+        if (a.op, a.args, a.kwargs, len(a.outputs)) != (b.op, b.args, b.kwargs, len(b.outputs)):
+            return f"torch op {a.order} is {b.op}({_args(b)}) there, {a.op}({_args(a)}) in the piece"
+    held = {**(shared or {}), **graph.constants}  # weights every piece shares are kept once, above
+    changed = sorted(n for n in set(again.constants) | set(graph.constants)
+                     if held.get(n) != again.constants.get(n))
+    if changed:
+        return f"the graph's constants differ ({', '.join(changed[:4])})"
+    if len(graph.launches) != len(again.launches):
+        return f"{len(again.launches)} kernel launches there, {len(graph.launches)} in the piece"
+    for i, (a, b) in enumerate(zip(graph.launches, again.launches)):
+        ka, kb = graph.kernels[a.kernel], again.kernels[b.kernel]
+        what = f"launch {i} ({ka.name})"
+        if ka.source.source_hash != kb.source.source_hash:
+            return f"{what} launches {kb.name} there"
+        if tuple(a.grid) != tuple(b.grid):
+            return f"{what} has grid {tuple(b.grid)} there, {tuple(a.grid)} in the piece"
+        if a.guards != b.guards or [d.when for d in a.dispatch] != [d.when for d in b.dispatch]:
+            return f"{what} chooses its variant by other conditions there"
+        tuned = set(ka.options.autotune_config or {})
+        for x, y in zip(a.args, b.args):
+            if x.name in tuned:
+                continue
+            if x.model_dump(exclude={"role"}) != y.model_dump(exclude={"role"}):
+                return f"{what} argument {x.name!r} is {_arg(y)} there, {_arg(x)} in the piece"
+        for case_a, case_b in zip(a.dispatch or [a], b.dispatch or [b]):
+            pa = {p.name: p.constexpr_value for p in graph.kernels[case_a.kernel].leaves()
+                  if p.name not in tuned}
+            pb = {p.name: p.constexpr_value for p in again.kernels[case_b.kernel].leaves()
+                  if p.name not in tuned}
+            if pa != pb:
+                name = next(n for n in pa if pa[n] != pb.get(n))
+                return f"{what} constexpr {name!r} is {pb.get(name)!r} there, {pa[name]!r} in the piece"
+    if list(graph.outputs) != list(again.outputs):
+        return "the graph returns other values there"
+    return None
+
+
+def _args(op: Any) -> str:
+    text = ", ".join(str(a.model_dump()) for a in op.args)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _arg(arg: Any) -> str:
+    for field in ("expr", "constant", "value"):
+        value = getattr(arg, field)
+        if value is not None:
+            return repr(value)
+    return "unset"
