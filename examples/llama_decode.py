@@ -182,13 +182,14 @@ def make_inputs(model: LlamaDecodeStep, batch: int = 1, position: int = 3, devic
 
 
 def dynamic_shapes_for(batch: int, n_layers: int | None = None):
-    """A dynamic batch dim shared by the ids and every cache (batch >= 2: torch.export
-    specializes an example dim of 1); ``None`` (all static) for batch 1. ``n_layers`` defaults
+    """A dynamic batch dim from 2 to 256 shared by the ids and every cache; ``None`` (all
+    static) for batch 1. (A range from 1 also compiles, as two size pieces: batch 1 traced on its
+    own, since torch.export reasons as if a dynamic size were at least 2.) ``n_layers`` defaults
     to the module-level model's."""
     if batch < 2:
         return None
     n_layers = model.n_layers if n_layers is None else n_layers
-    b = Dim("batch", min=1, max=256)
+    b = Dim("batch", min=2, max=256)
     return {"input_ids": {0: b}, "position": None, "caches": ({0: b},) * (2 * n_layers)}
 
 

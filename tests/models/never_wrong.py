@@ -196,3 +196,64 @@ class Stateless(torch.nn.Module):
         out = torch.empty_like(x)
         scale_kernel[(triton.cdiv(x.numel(), 64),)](x, out, x.numel(), 2.0, BLOCK=64)
         return out
+
+
+# --- generated models (tests/test_never_wrong.py's differential strategy) -----------------------
+SIZE_FUNCTIONS = {
+    # name -> (f(n, c, table), description): a Python value the host code computes from a size
+    "min": lambda n, c, t: min(n, c),
+    "max": lambda n, c, t: max(n, c),
+    "floordiv": lambda n, c, t: n // c,
+    "mod": lambda n, c, t: n % c,
+    "table": lambda n, c, t: t[min(n, len(t) - 1)],
+    "threshold": lambda n, c, t: t[0] if n > c else t[1],
+    "size_one": lambda n, c, t: t[0] if n == 1 else t[1],
+}
+BUFFERS = ("fresh", "tail_copy", "zeros_rows", "every_other", "inplace", "slice")
+
+
+class Program(torch.nn.Module):
+    """A small model put together from parts: host code computing a value ``v`` from the row
+    count (``SIZE_FUNCTIONS[fn]``), used as a torch multiplier and/or a kernel scalar; a kernel
+    writing a buffer the way ``buffer`` says (all of it, or part of one torch wrote); optionally
+    a second kernel over the result."""
+
+    def __init__(self, fn: str, c: int, table: tuple, torch_use: bool, kernel_use: bool,
+                 buffer: str, second: bool) -> None:
+        super().__init__()
+        self.fn, self.c, self.table = fn, c, table
+        self.torch_use, self.kernel_use, self.buffer, self.second = torch_use, kernel_use, buffer, second
+
+    def __repr__(self) -> str:
+        return (f"Program({self.fn!r}, c={self.c}, table={self.table}, torch_use={self.torch_use}, "
+                f"kernel_use={self.kernel_use}, buffer={self.buffer!r}, second={self.second})")
+
+    def forward(self, x):
+        rows, cols = x.shape
+        v = SIZE_FUNCTIONS[self.fn](rows, self.c, self.table)
+        h = x * v + 1 if self.torch_use else x + 1
+        s = float(v) + 0.5 if self.kernel_use else 1.5
+        if self.buffer == "fresh":
+            out = torch.empty_like(h)
+            scale_kernel[(triton.cdiv(h.numel(), 32),)](h, out, h.numel(), s, BLOCK=32)
+        elif self.buffer == "tail_copy":
+            out = torch.empty_like(h)
+            out[:, 3:].copy_(h[:, 3:] * s)
+            head_kernel[(rows,)](h, out, cols, cols, 3, BLOCK=8)
+        elif self.buffer == "zeros_rows":
+            out = torch.zeros_like(h)
+            rows_kernel[((rows + 1) // 2,)](h, out, cols, 1, BLOCK=8)
+        elif self.buffer == "every_other":
+            out = h * s
+            rows_kernel[((rows + 1) // 2,)](h, out, cols, 2, BLOCK=8)
+        elif self.buffer == "inplace":
+            out = h.clone()
+            scale_kernel[(triton.cdiv(out.numel(), 32),)](out, out, out.numel(), s, BLOCK=32)
+        else:  # "slice": a kernel writing a column slice of a buffer torch filled
+            out = torch.full_like(h, s)
+            head_kernel[(rows,)](h, out[:, 2:6], cols, cols, 4, BLOCK=8)
+        if self.second:
+            final = torch.empty_like(out)
+            scale_kernel[(triton.cdiv(out.numel(), 32),)](out, final, out.numel(), -1.0, BLOCK=32)
+            return final
+        return out

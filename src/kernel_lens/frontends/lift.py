@@ -642,14 +642,17 @@ def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes:
 
 
 def _input_names(model: Callable, count: int) -> list[str]:
-    """The forward's argument names (``args[i]`` for positional-only or unknown ones)."""
+    """The forward's argument names: ``caches[k]`` for the k-th argument a ``*caches`` parameter
+    takes (as torch.export names its sources), ``args[i]`` for unknown ones."""
     forward = model.forward if isinstance(model, torch.nn.Module) else model
     try:
-        names = [p.name for p in inspect.signature(forward).parameters.values()
-                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        params = list(inspect.signature(forward).parameters.values())
     except (TypeError, ValueError):
-        names = []
-    return [names[i] if i < len(names) else f"args[{i}]" for i in range(count)]
+        params = []
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    rest = next((p.name for p in params if p.kind == p.VAR_POSITIONAL), None)
+    return [names[i] if i < len(names) else f"{rest}[{i - len(names)}]" if rest else f"args[{i}]"
+            for i in range(count)]
 
 
 def _lift_graph(model: Callable, example_inputs: tuple, dynamic_shapes: Any, *,

@@ -49,7 +49,7 @@ def lift_in_pieces(lift_one: Callable[[tuple, Any], tuple[GraphIR, Any]], inputs
             return lift_one(inputs, dynamic_shapes)
         except SizeBranchError as exc:
             first = exc
-    state = _State(lift_one, input_names, inputs)
+    state = _State(lift_one, input_names, inputs, dynamic_shapes)
     pieces = state.region(inputs, dynamic_shapes, {}, first)
     ir = _combine(pieces, state)
     log.info("the forward branches on sizes: %d pieces\n%s", len(pieces), describe(ir))
@@ -58,8 +58,10 @@ def lift_in_pieces(lift_one: Callable[[tuple, Any], tuple[GraphIR, Any]], inputs
 
 
 class _State:
-    def __init__(self, lift_one: Callable, input_names: list[str], example: tuple) -> None:
+    def __init__(self, lift_one: Callable, input_names: list[str], example: tuple,
+                 spec: Any = None) -> None:
         self.lift_one = lift_one
+        self.spec = spec
         self.names = input_names
         self.example = example
         self.count = 0
@@ -151,6 +153,10 @@ def _cut(conditions: list[list[tuple[bool, int, int]]]) -> list[tuple[int, int]]
 def _entry(spec: Any, i: int, name: str, d: int) -> Any:
     entry = spec.get(name) if isinstance(spec, dict) else (
         spec[i] if isinstance(spec, (tuple, list)) and i < len(spec) else None)
+    base, _, k = name.partition("[")  # ``caches[1]``: the 2nd argument of ``*caches``
+    if entry is None and k and isinstance(spec, dict) and isinstance(spec.get(base), (tuple, list)):
+        held, k = spec[base], int(k.rstrip("]"))
+        entry = held[k] if k < len(held) else None
     if isinstance(entry, dict):
         return entry.get(d)
     if isinstance(entry, (tuple, list)) and d < len(entry):
@@ -264,6 +270,9 @@ def _symbol_name(pieces: list, state: _State, dim: Dim_) -> str:
         for name, info in ir.symbols.items():
             if (info.input, info.dim, info.scale, info.offset) == (i, d, 1, 0):
                 return name
+    entry = _entry(state.spec, i, state.names[i], d)
+    if isinstance(entry, Dim) and not isinstance(entry, _DerivedDim) and is_identifier(entry.__name__):
+        return entry.__name__
     return f"{state.names[i]}_{d}"
 
 
