@@ -192,14 +192,15 @@ def test_ctrl_c_is_one_line_exit_130_and_leaves_no_manifest(tmp_path):
     import time
 
     slow = tmp_path / "slow_model.py"
-    slow.write_text("import time\ntime.sleep(60)\n")
+    loading = tmp_path / "loading"  # the model file is being loaded: the compile is under way
+    slow.write_text(f"import pathlib, time\npathlib.Path({str(loading)!r}).touch()\ntime.sleep(60)\n")
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "kernel_lens.cli", "compile", str(slow), "-o", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    while not (out.exists() or time.monotonic() > deadline):  # the folder is checked before the load
-        time.sleep(0.2)
-    time.sleep(1.0)
+    while not (loading.exists() or time.monotonic() > deadline):
+        time.sleep(0.1)
+    assert loading.exists()
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130
