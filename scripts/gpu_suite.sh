@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU host after staging (see ../shared/docs/environment.md). Usage:
-#   bash scripts/gpu_suite.sh PART        PART: ort | hf | capture | trt | library | all
+#   bash scripts/gpu_suite.sh PART        PART: ort | hf | capture | trt | library | never | all
+# (never: issue 38's never-wrong checks through the CUDA op, the decode step, verify, and the CPU
+# evaluation tests on this host's torch)
 # (trt: the TensorRT plugins' enqueue, in 4 processes, each a shard of the models)
 # Logs and a JUnit XML go to $OUT (or ./gpu_out). kernel_lens runs from src/; its entry points
 # (the target registry) come from a minimal dist-info, so nothing is pip-installed.
@@ -20,6 +22,8 @@ export PYTHONPATH="$PWD/src:/tmp/kl-ep:$PYTHONPATH"
 case "${1:-all}" in
   ort) tests=(tests/gpu/test_gpu_ort.py) ;;
   hf) tests=(tests/gpu/test_gpu_hf.py tests/gpu/test_gpu_runtime.py) ;;
+  never) tests=(tests/gpu/test_gpu_never_wrong.py tests/gpu/test_gpu_decode.py tests/gpu/test_gpu_verify.py
+                tests/test_never_wrong.py) ;;
   trt)
     for k in 0 1 2 3; do
       KL_GPU_SHARD=$k/4 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_gpu_trt.py \
