@@ -97,9 +97,10 @@ def test_each_piece_is_traced_again_at_both_ends_and_the_proof_is_recorded():
 
 
 def test_a_model_that_takes_another_path_at_an_end_is_refused_in_one_line():
-    with pytest.raises(TraceError, match=r"takes another path at rows=2 than at rows=4 inside the "
-                       r"piece of the declared range where rows in \[2, 64\].*argument 's' is "
-                       r"[0-9.]+ there, [0-9.]+ in the piece") as err:
+    with pytest.raises(TraceError, match=r"never_wrong.py:\d+: the model takes another path at "
+                       r"rows=2 than at rows=4 inside the piece of the declared range where rows in "
+                       r"\[2, 64\].*launch 0 \(scale_kernel, defined at .*never_wrong.py:\d+\) "
+                       r"argument 's' is [0-9.]+ there, [0-9.]+ in the piece") as err:
         kl.compile(never_wrong.Stateful(), never_wrong._x(4),
                    dynamic_shapes={"x": {0: torch.export.Dim("rows", min=1, max=64)}}, arch=90)
     assert "\n" not in str(err.value)
@@ -190,3 +191,18 @@ def test_generated_models_equal_eager_inside_each_piece_and_at_its_ends(program,
         got = compiled.run(xs.clone())
         assert torch.equal(got, want), (model, rows, (got - want).abs().max())
     print(f"checked {model} at rows={sizes} over {len(boxes)} pieces")
+
+
+def test_bf16_dot_is_computed_not_bit_patterns_and_compiled_equals_it():
+    """Triton 3.6's interpreter matmuls bf16 operands as uint16 bit patterns (garbage on both
+    sides of a CPU comparison, which would pass as a check): kernel_lens widens them to fp32."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(32, 16, generator=g).bfloat16(), torch.randn(16, 16, generator=g).bfloat16()
+    want = a.float() @ b.float()
+    got = capture(never_wrong.Bf16Dot(), (a, b), 90).outputs
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
+    dims = {"a": {0: 16 * torch.export.Dim("blocks", min=1, max=4)}, "b": None}
+    compiled = kl.compile(never_wrong.Bf16Dot(), (a, b), dynamic_shapes=dims, arch=90)
+    for rows in (16, 48, 64):
+        x = torch.randn(rows, 16, generator=g).bfloat16()
+        torch.testing.assert_close(compiled.run(x, b), x.float() @ b.float(), rtol=1e-6, atol=1e-5)

@@ -257,3 +257,22 @@ class Program(torch.nn.Module):
             scale_kernel[(triton.cdiv(out.numel(), 32),)](out, final, out.numel(), -1.0, BLOCK=32)
             return final
         return out
+
+
+@triton.jit
+def dot_kernel(a_ptr, b_ptr, c_ptr, K: tl.constexpr, N: tl.constexpr, BLOCK_M: tl.constexpr):
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn, rk = tl.arange(0, N), tl.arange(0, K)
+    a = tl.load(a_ptr + rm[:, None] * K + rk[None, :])
+    b = tl.load(b_ptr + rk[:, None] * N + rn[None, :])
+    tl.store(c_ptr + rm[:, None] * N + rn[None, :], tl.dot(a, b))
+
+
+class Bf16Dot(torch.nn.Module):
+    """bf16 ``tl.dot``: Triton 3.6's interpreter multiplies the operands' bit patterns unless
+    kernel_lens widens them (frontends/capture/interpreter_casts.py)."""
+
+    def forward(self, a, b):
+        c = torch.empty(a.shape[0], b.shape[1], dtype=torch.float32, device=a.device)
+        dot_kernel[(a.shape[0] // 16,)](a, b, c, K=16, N=16, BLOCK_M=16)
+        return c

@@ -217,7 +217,7 @@ class _Symbols:
 
     def _add(self, expr: sympy.Symbol, i: int, input_name: str, d: int, scale: int, offset: int,
              example: int) -> None:
-        preferred = _dim_name(self.dynamic_shapes, i, input_name, d) if scale == 1 else None
+        preferred = _dim_name(self.dynamic_shapes, i, input_name, d, root=scale != 1 or offset != 0)
         name = self._name(preferred, len(self.table))
         vr = self.ranges.get(str(expr))
         lower = int(vr.lower) if vr is not None and vr.lower.is_Integer else 0
@@ -258,8 +258,9 @@ class _Symbols:
         raise TraceError(f"{what}: {value!r} is not an integer size")
 
 
-def _dim_name(dynamic_shapes: Any, i: int, input_name: str, d: int) -> str | None:
-    """The user's Dim name for input ``i`` (``input_name``), dimension ``d``, if any."""
+def _dim_name(dynamic_shapes: Any, i: int, input_name: str, d: int, root: bool = False) -> str | None:
+    """The user's Dim name for input ``i`` (``input_name``), dimension ``d``, if any; with
+    ``root``, the name of the Dim a derived dim (``16*k``) is derived from (the symbol is it)."""
     if isinstance(dynamic_shapes, dict):
         entry = dynamic_shapes.get(input_name)
     elif isinstance(dynamic_shapes, (tuple, list)) and i < len(dynamic_shapes):
@@ -273,7 +274,9 @@ def _dim_name(dynamic_shapes: Any, i: int, input_name: str, d: int) -> str | Non
     else:
         dim = None
     if dim is not None and not hasattr(dim, "__name__") and input_name:  # Dim.AUTO / DYNAMIC
-        return f"{input_name}_{d}"
+        return None if root else f"{input_name}_{d}"
+    if root:
+        return getattr(getattr(dim, "root", None), "__name__", None)
     return getattr(dim, "__name__", None)
 
 
@@ -635,10 +638,20 @@ def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes:
                            binaries=False)[0]
     native = any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
     ir = size_pieces.prove_ends(ir, traced_again, tuple(example_inputs), dynamic_shapes, names,
-                                size_pieces.PROOF_BUDGET_GPU if native else size_pieces.PROOF_BUDGET_CPU)
+                                size_pieces.PROOF_BUDGET_GPU if native else size_pieces.PROOF_BUDGET_CPU,
+                                forward=_forward_line(model))
     if dynamic:
         log.info("dynamic=True settled on:\n%s", describe_dims(ir))
     return ir, outputs
+
+
+def _forward_line(model: Callable) -> str:
+    """``file:line`` of the model's forward (the code a size-range error is about), or ''."""
+    forward = model.forward if isinstance(model, torch.nn.Module) else model
+    try:
+        return f"{inspect.getsourcefile(forward)}:{inspect.getsourcelines(forward)[1]}"
+    except (OSError, TypeError):
+        return ""
 
 
 def _input_names(model: Callable, count: int) -> list[str]:

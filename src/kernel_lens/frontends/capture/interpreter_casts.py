@@ -9,6 +9,12 @@ between two float types torch also has goes through torch, which rounds to neare
 GPU's ``cvt.rn`` does; conversions to fp8 saturate to the largest finite value first, as
 Triton's ``cvt.rn.satfinite`` does. Round-toward-zero (``fp_downcast_rounding="rtz"``) and the
 fp8 types torch lacks keep the interpreter's own code.
+
+``tl.dot`` of bf16 operands multiplies their bit patterns as integers (numpy has no bf16; the
+interpreter keeps bf16 as uint16 and matmuls that): garbage, and the same garbage on both sides
+of a CPU comparison, so it would pass as a check. Here such operands are widened to fp32 first
+(exactly: a bf16 value is an fp32 value), as a GPU's tensor cores multiply them, and the products
+accumulate in the accumulator's type.
 """
 
 from __future__ import annotations
@@ -74,10 +80,29 @@ def _fp_to_fp(orig: Any) -> Any:
     return create_fp_to_fp
 
 
+def _widened(data: np.ndarray, ty: Any) -> np.ndarray:
+    """bf16 operand bits as the fp32 values they are (other types as they are)."""
+    if getattr(ty, "name", None) != "bf16":
+        return data
+    return (np.ascontiguousarray(data).astype(np.uint32) << 16).view(np.float32)
+
+
+def _dot(orig: Any) -> Any:
+    def create_dot(self: Any, a: Any, b: Any, d: Any, input_precision: Any, max_num_imprecise_acc: Any) -> Any:
+        if "bf16" not in (getattr(a.dtype, "name", None), getattr(b.dtype, "name", None)):
+            return orig(self, a, b, d, input_precision, max_num_imprecise_acc)
+        acc = d.data.dtype
+        product = np.matmul(_widened(a.data, a.dtype), _widened(b.data, b.dtype)).astype(acc)
+        return interpreter.TensorHandle(product + d.data, d.dtype.scalar)
+    return create_dot
+
+
 @contextlib.contextmanager
 def rounded_casts() -> Iterator[None]:
-    """While active, the interpreter's float conversions round as a GPU's do (module docstring)."""
+    """While active, the interpreter's float conversions round as a GPU's do, and bf16
+    ``tl.dot`` multiplies values, not bit patterns (module docstring)."""
     builder = interpreter.InterpreterBuilder
     with patched(builder, "cast_impl", _cast_impl(builder.cast_impl)), \
-            patched(builder, "create_fp_to_fp", _fp_to_fp(builder.create_fp_to_fp)):
+            patched(builder, "create_fp_to_fp", _fp_to_fp(builder.create_fp_to_fp)), \
+            patched(builder, "create_dot", _dot(builder.create_dot)):
         yield

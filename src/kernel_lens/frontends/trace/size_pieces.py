@@ -75,6 +75,20 @@ class _State:
         raise TraceError(f"torch.export branched on a size of {label!r}, which is not an argument "
                          f"of the forward ({', '.join(self.names)})")
 
+    def size(self, inputs: tuple, spec: Any, dim: Dim_) -> int:
+        """The size of a branched dim in ``inputs``, in its root Dim's units (a derived dim
+        ``16*blocks`` of 48 is 3: cells of a derived dim are ranges of its root)."""
+        i, d = dim
+        have = int(inputs[i].shape[d])
+        entry = _entry(spec, i, self.names[i], d)
+        if not isinstance(entry, _DerivedDim):
+            return have
+        lo, hi = 0, have  # derived dims are increasing affine functions of their root
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (mid + 1, hi) if int(entry.fn(mid)) < have else (lo, mid)
+        return lo
+
     def region(self, inputs: tuple, spec: Any, cell: Cell, exc: SizeBranchError
                ) -> list[tuple[Cell, GraphIR, Any, bool]]:
         """The pieces of ``cell``, whose trace raised ``exc``: its range cut where the branch
@@ -94,7 +108,7 @@ class _State:
                     f"the model's Python code branches on sizes into more than {MAX_PIECES} pieces "
                     f"of the declared range (conditions: {conditions}); kernel_lens compiles one "
                     f"graph per piece: narrow the Dim ranges to fewer pieces, or mark dims static")
-            point = {d: min(max(inputs[d[0]].shape[d[1]], lo), hi) for d, (lo, hi) in box.items()}
+            point = {d: min(max(self.size(inputs, spec, d), lo), hi) for d, (lo, hi) in box.items()}
             where = ", ".join(f"{self.names[i]}.shape[{k}] in [{lo}, {hi}]"
                               for (i, k), (lo, hi) in box.items())
             sub_inputs = resized_inputs(inputs, spec, self.names, point)
@@ -124,12 +138,17 @@ def _sizes_zero_and_one(inputs: tuple, spec: Any, names: list[str]) -> list[Size
         t = inputs[i] if i < len(inputs) else None
         for d in range(t.dim() if isinstance(t, torch.Tensor) else 0):
             entry = _entry(spec, i, name, d)
-            if not isinstance(entry, Dim) or isinstance(entry, _DerivedDim) or id(entry) in seen:
-                continue  # (a derived dim follows its root, split where the root is an input dim)
-            lo = int(entry.min)
-            hi = int(entry.max) if isinstance(entry.max, int) else UNBOUNDED
+            root = entry.root if isinstance(entry, _DerivedDim) else entry
+            if not isinstance(root, Dim) or id(root) in seen:
+                continue
+            if isinstance(entry, _DerivedDim) and any(  # split where the root itself is a dim
+                    _entry(spec, j, names[j], k) is root for j in range(len(names))
+                    for k in range(inputs[j].dim() if isinstance(inputs[j], torch.Tensor) else 0)):
+                continue
+            lo = int(root.min)  # a derived dim's cells are ranges of its root
+            hi = int(root.max) if isinstance(root.max, int) else UNBOUNDED
             if lo <= 1 < hi:
-                seen.add(id(entry))
+                seen.add(id(root))
                 out.append(SizeBranch(name, d, f"{name}.shape[{d}] >= 2",
                                       [(False, lo, 1), (True, 2, hi)]))
     return out
@@ -266,11 +285,12 @@ def _symbol_name(pieces: list, state: _State, dim: Dim_) -> str:
     """The IR symbol of a branched input dim: as the pieces that keep it dynamic name it, else
     its Dim's name (or ``<input>_<dim>``)."""
     i, d = dim
+    entry = _entry(state.spec, i, state.names[i], d)
+    derived = isinstance(entry, _DerivedDim)
     for _, ir, _, _ in pieces:
         for name, info in ir.symbols.items():
-            if (info.input, info.dim, info.scale, info.offset) == (i, d, 1, 0):
+            if (info.input, info.dim) == (i, d) and (derived or (info.scale, info.offset) == (1, 0)):
                 return name
-    entry = _entry(state.spec, i, state.names[i], d)
     if isinstance(entry, Dim) and not isinstance(entry, _DerivedDim) and is_identifier(entry.__name__):
         return entry.__name__
     return f"{state.names[i]}_{d}"
@@ -294,9 +314,14 @@ def _combine(pieces: list[tuple[Cell, GraphIR, Any, bool]], state: _State) -> Gr
     for d, name in names.items():
         lo = min(cell[d][0] for cell, _, _, _ in pieces)
         hi = max(cell[d][1] for cell, _, _, _ in pieces)
-        example_size = int(state.example[d[0]].shape[d[1]])
+        entry = _entry(state.spec, d[0], state.names[d[0]], d[1])
+        scale, offset = 1, 0
+        if isinstance(entry, _DerivedDim):  # the dim is scale*root + offset; cells are root ranges
+            offset = int(entry.fn(0))
+            scale = int(entry.fn(1)) - offset
         symbols[name] = SymbolInfo(input=d[0], dim=d[1], min=lo, max=hi if hi < UNBOUNDED else None,
-                                   example=example_size)
+                                   example=state.size(state.example, state.spec, d),
+                                   scale=scale, offset=offset)
     for name, info in list(symbols.items()):  # the example's own value
         if name in example.symbols:
             symbols[name] = info.model_copy(update={"example": example.symbols[name].example})
@@ -424,7 +449,9 @@ def inputs_at(ir: GraphIR, example: tuple, spec: Any, names: list[str], sizes: d
     point = {}
     for s, value in sizes.items():
         info = ir.symbols[s]
-        point[(info.input, info.dim)] = info.scale * value + info.offset
+        derived = isinstance(_entry(spec, info.input, names[info.input], info.dim), _DerivedDim)
+        # resized_inputs takes a derived dim's size as its root's value (the symbol's own)
+        point[(info.input, info.dim)] = value if derived else info.scale * value + info.offset
     return resized_inputs(example, spec, names, point)
 
 
@@ -434,7 +461,7 @@ PROOF_BUDGET_GPU = 1 << 26  # captured natively
 
 
 def prove_ends(ir: GraphIR, lift_one: Callable[[tuple, Any], GraphIR], inputs: tuple,
-               spec: Any, names: list[str], budget: int) -> GraphIR:
+               spec: Any, names: list[str], budget: int, forward: str = "") -> GraphIR:
     """``ir`` with each piece's graph captured and traced again at both ends of its sizes
     (:func:`piece_ends`, within ``budget`` input elements) by ``lift_one(inputs, spec)`` and
     found to be the same graph there: those sizes are recorded in its ``proven_at``. A piece
@@ -456,9 +483,10 @@ def prove_ends(ir: GraphIR, lift_one: Callable[[tuple, Any], GraphIR], inputs: t
         if problem is not None:
             box = ", ".join(f"{s} in [{lo}, {hi}]" for s, (lo, hi) in ranges.items())
             raise TraceError(
-                f"the model takes another path at {where} than at {_brief_sizes(own)} inside the "
-                f"piece of the declared range where {box}, and torch.export recorded no condition "
-                f"that tells them apart: {problem}; narrow the Dim range, or make the size static")
+                f"{forward + ': ' if forward else ''}the model takes another path at {where} than "
+                f"at {_brief_sizes(own)} inside the piece of the declared range where {box}, and "
+                f"torch.export recorded no condition that tells them apart: {problem}; narrow the "
+                f"Dim range, or make the size static")
         proven.setdefault(k, []).append(sizes)
     if not proven:
         return ir
@@ -497,7 +525,7 @@ def difference(graph: GraphIR, again: GraphIR, shared: dict | None = None) -> st
         return f"{len(again.launches)} kernel launches there, {len(graph.launches)} in the piece"
     for i, (a, b) in enumerate(zip(graph.launches, again.launches)):
         ka, kb = graph.kernels[a.kernel], again.kernels[b.kernel]
-        what = f"launch {i} ({ka.name})"
+        what = f"launch {i} ({ka.name}, defined at {ka.source.file}:{ka.source.line})"
         if ka.source.source_hash != kb.source.source_hash:
             return f"{what} launches {kb.name} there"
         if tuple(a.grid) != tuple(b.grid):
