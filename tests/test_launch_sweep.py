@@ -353,10 +353,10 @@ def test_launch_log_names_the_binary_that_ran(fake_driver, tmp_path):
 
 
 def test_a_dim_that_is_a_multiple_of_its_symbol_is_checked(fake_driver, tmp_path):
-    # swiglu's x is (tokens, 2*s1): s1 is read as width / 2, so an odd width matches no s1 and
+    # swiglu's x is (tokens, 2*intermediate): intermediate is read as width / 2, so an odd width matches no s1 and
     # must be refused (not floored to the s1 below it), with nothing launched
     model = Model("swiglu", tmp_path)
-    values = {"tokens": 10, "s1": 96}
+    values = {"tokens": 10, "intermediate": 96}
     io, *_ = model.expected(0, values, [0])
     (shape,) = model.shapes(io, values)
     assert shape == [10, 192]
@@ -364,7 +364,7 @@ def test_a_dim_that_is_a_multiple_of_its_symbol_is_checked(fake_driver, tmp_path
     assert not ok["status"] and ok["launches"] == "1", ok
     out = model.run(fake_driver, 0, [[10, 193]], [4], [0], [8], tmp_path)
     assert ("input 0 dim 1 is 193, not of the form the model was compiled for: size must be a "
-            "multiple of 2 (dimension s1 = size / 2)") in out["status"], out
+            "multiple of 2 (dimension intermediate = size / 2)") in out["status"], out
     assert out["launches"] == "0" and out["loads"] == "0", out
 
 

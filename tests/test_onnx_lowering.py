@@ -591,10 +591,10 @@ def test_inplace_torch_op_on_graph_input_in_ort():
 
 # ------------------------------------------------------------------------------------ symbolic ints
 def test_symbolic_expressions_are_computed_at_run_time():
-    _, ir = _compiled("swiglu")  # x: (tokens, 2*s1): s1 has scale 2
+    _, ir = _compiled("swiglu")  # x: (tokens, 2*intermediate): intermediate has scale 2
     lowering = Lowering(ir, 18)
-    exprs = ["s1", "tokens*s1 + 3", "floor(tokens/3)", "ceiling((tokens + 1)/4)", "Mod(tokens, 5)",
-             "Max(tokens, 2*s1)", "Min(7, s1)", "s1**2", "floor(tokens*s1/2) - 1"]
+    exprs = ["intermediate", "tokens*intermediate + 3", "floor(tokens/3)", "ceiling((tokens + 1)/4)", "Mod(tokens, 5)",
+             "Max(tokens, 2*intermediate)", "Min(7, intermediate)", "intermediate**2", "floor(tokens*intermediate/2) - 1"]
     outs = [lowering.sym(e) for e in exprs]
     graph = helper.make_graph(
         lowering.nodes, "syms", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["t", "w"])],
@@ -602,12 +602,12 @@ def test_symbolic_expressions_are_computed_at_run_time():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
     onnx.checker.check_model(model, full_check=True)
     sess = _session(model)
-    for tokens, s1 in [(5, 3), (12, 7), (1, 2)]:
-        got = [int(v[0]) for v in sess.run(None, {"x": np.zeros((tokens, 2 * s1), np.float32)})]
-        names = {"tokens": sympy.Symbol("tokens"), "s1": sympy.Symbol("s1")}
-        want = [int(sympy.sympify(e, locals=names).subs({names["tokens"]: tokens, names["s1"]: s1}))
+    for tokens, intermediate in [(5, 3), (12, 7), (1, 2)]:
+        got = [int(v[0]) for v in sess.run(None, {"x": np.zeros((tokens, 2 * intermediate), np.float32)})]
+        names = {"tokens": sympy.Symbol("tokens"), "intermediate": sympy.Symbol("intermediate")}
+        want = [int(sympy.sympify(e, locals=names).subs({names["tokens"]: tokens, names["intermediate"]: intermediate}))
                 for e in exprs]
-        assert got == want, (tokens, s1)
+        assert got == want, (tokens, intermediate)
 
 
 # ------------------------------------------------------------------------------------ rejections
@@ -751,11 +751,11 @@ def test_onnx_values_carry_the_ir_names():
 def test_symbolic_expressions_the_lowering_cannot_compute_are_named():
     _, ir = _compiled("swiglu")
     lowering = Lowering(ir, 18)
-    s1 = parse("s1", list(ir.symbols))
+    intermediate = parse("intermediate", list(ir.symbols))
     for expr, message in [
-        (sympy.Abs(s1 - 5), r"symbolic expression Abs\(s1 - 5\) \(Abs\) cannot be computed at run time"),
-        (s1 ** -1, r"symbolic expression 1/s1 \(Pow\) cannot be computed"),
-        (s1 / 3, r"symbolic expression s1/3 is not an integer expression \(use floor\(s1/3\)\)"),
+        (sympy.Abs(intermediate - 5), r"symbolic expression Abs\(intermediate - 5\) \(Abs\) cannot be computed at run time"),
+        (intermediate ** -1, r"symbolic expression 1/intermediate \(Pow\) cannot be computed"),
+        (intermediate / 3, r"symbolic expression intermediate/3 is not an integer expression \(use floor\(intermediate/3\)\)"),
     ]:
         with pytest.raises(UnsupportedKernelError, match=message):
             lowering.sym(expr)
