@@ -237,17 +237,15 @@ def evaluated_against_eager(module, compiled_model, budget: int = CPU_BUDGET) ->
     example's sizes and at both ends of every piece (of the declared range when unsplit), each end
     within ``budget`` input elements; returns the sizes checked. Sizes at which eager itself fails
     on the resized example data (an index out of range) are skipped; the example never is."""
-    import inspect
-
     import torch
 
     from kernel_lens.errors import KernelLensError
     from kernel_lens.frontends.capture.recorder import capture
+    from kernel_lens.frontends.lift import input_names
     from kernel_lens.verify import cpu_points, cpu_tolerance, inputs_at
 
     ir = compiled_model.ir
-    forward = module.model.forward if isinstance(module.model, torch.nn.Module) else module.model
-    names = list(inspect.signature(forward).parameters)[:len(module.example_inputs)]
+    names = input_names(module.model, len(module.example_inputs))
     example = {s: info.example for s, info in ir.symbols.items()}
     checked = []
     for sizes in cpu_points(ir, module.example_inputs, module.dynamic_shapes, budget):

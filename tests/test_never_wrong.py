@@ -14,13 +14,14 @@ import torch
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 import kernel_lens as kl
+from kernel_lens.compiler import CompiledModel
 from kernel_lens.codegen.launch_io import launch_io
 from kernel_lens.errors import KernelLensError, TraceError
 from kernel_lens.frontends.capture.recorder import capture
 from kernel_lens.frontends.trace.size_pieces import difference, piece_ends
 from kernel_lens.ir.graph import ConstArg
 
-from conftest import ROOT, load_module
+from conftest import ROOT, evaluated_against_eager, example_files, load_module, model_ir
 
 never_wrong = load_module(ROOT / "tests" / "models" / "never_wrong.py")
 
@@ -108,12 +109,12 @@ def test_a_model_that_takes_another_path_at_an_end_is_refused_in_one_line():
 
 def test_an_end_beyond_the_budget_is_moved_inward_and_the_proof_says_where():
     ir = kl.compile(never_wrong.Stateless(), (torch.randn(4, 8),), arch=90,
-                    dynamic_shapes={"x": {0: torch.export.Dim("rows", min=1, max=4096)}}).ir
-    assert [p.when[0].ranges["rows"] for p in ir.pieces] == [(1, 1), (2, 4096)]  # size 1 alone
-    assert piece_ends(ir) == [(0, {"rows": 1}), (1, {"rows": 2}), (1, {"rows": 4096})]
+                    dynamic_shapes={"x": {0: torch.export.Dim("rows", min=1, max=1 << 14)}}).ir
+    assert [p.when[0].ranges["rows"] for p in ir.pieces] == [(1, 1), (2, 1 << 14)]  # 1 alone
+    assert piece_ends(ir) == [(0, {"rows": 1}), (1, {"rows": 2}), (1, {"rows": 1 << 14})]
     assert piece_ends(ir, budget=1024) == [(0, {"rows": 1}), (1, {"rows": 2}), (1, {"rows": 128})]
-    # 1 << 14 input elements on a CPU host, 8 columns: 2048 rows
-    assert ir.pieces[1].graph.proven_at == [{"rows": 2}, {"rows": 2048}]
+    # the largest tensor within 1 << 16 elements on a CPU host, 8 columns: 8192 rows
+    assert ir.pieces[1].graph.proven_at == [{"rows": 2}, {"rows": 8192}]
 
 
 @pytest.mark.parametrize("plant, message", [
@@ -206,3 +207,13 @@ def test_bf16_dot_is_computed_not_bit_patterns_and_compiled_equals_it():
     for rows in (16, 48, 64):
         x = torch.randn(rows, 16, generator=g).bfloat16()
         torch.testing.assert_close(compiled.run(x, b), x.float() @ b.float(), rtol=1e-6, atol=1e-5)
+
+
+# --- the bundled examples, as the fast set compiles them ----------------------------------------
+@pytest.mark.parametrize("path", [p for p in example_files()], ids=lambda p: p.stem)
+def test_each_example_equals_eager_on_the_cpu_at_the_example_and_each_piece_end(path):
+    module = load_module(path)
+    compiled = CompiledModel(model_ir(path))
+    checked = evaluated_against_eager(module, compiled)
+    assert checked and checked[0] == {s: i.example for s, i in compiled.ir.symbols.items()}
+    assert len(checked) >= 2 or not compiled.ir.symbols, checked

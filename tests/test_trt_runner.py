@@ -14,11 +14,12 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 import kernel_lens as kl
 from kernel_lens.errors import KernelLensError
 
-from conftest import load_module
+from conftest import EXAMPLES, eager_on_cpu, load_module
 from test_trt_plugins import MODELS
 
 
@@ -44,9 +45,11 @@ SCRIPT = textwrap.dedent("""
     out["key_other_gpu"] = runner.engine_key()
     x = torch.ones(16)
     try:
-        model.run(x, x, backend="tensorrt")
+        runner.run(x, x)
     except kl.KernelLensError as exc:
         out["run_error"] = str(exc)
+    # CPU tensors through the model: the TensorRT graph is evaluated on the CPU (issue 38)
+    out["cpu_run"] = [t.tolist() for t in model.run(x, 2 * x, backend="tensorrt")]
     print(json.dumps(out))
 """)
 
@@ -71,6 +74,9 @@ def test_tensorrt_runner_builds_and_caches_an_engine(rtx, trt_headers, tmp_path)
     assert second["engine"] == first["engine"] and second["mtime"] == first["mtime"]  # cache hit
     assert first["key_other_gpu"] != first["key"]
     assert "needs a CUDA GPU" in first["run_error"]
+    toy = load_module(EXAMPLES / "toy_two_kernels.py")
+    want = eager_on_cpu(toy.model, (torch.ones(16), 2 * torch.ones(16)))
+    assert first["cpu_run"] == [t.tolist() for t in want]
 
 
 def test_backend_aliases_pick_the_built_target(trt_headers, ort_headers, tmp_path):

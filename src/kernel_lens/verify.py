@@ -16,7 +16,6 @@ writes hold whatever the allocator left); the outputs decide the result.
 from __future__ import annotations
 
 import copy
-import inspect
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ import torch
 from .compiler import CompiledModel, compile, load
 from .errors import InputError, KernelLensError
 from .frontends.capture.recorder import capture
+from .frontends.lift import input_names
 from .frontends.trace.size_pieces import inputs_at, piece_ends
 from .ir import GraphIR
 from .model_file import load_model_file
@@ -285,8 +285,7 @@ def verify_file(path: str, artifacts: str | None = None, *, cap: int = MAX_SIZE,
     ORT target on a GPU host, the IR alone on a CPU host)."""
     mf = load_model_file(path)
     model = mf.model
-    fn = model.forward if isinstance(model, torch.nn.Module) else model
-    names = [p for p in inspect.signature(fn).parameters][:len(mf.example_inputs)]
+    names = input_names(model, len(mf.example_inputs))
     if artifacts is not None:
         compiled = load(artifacts)
     elif torch.cuda.is_available():  # captured natively, as the user's own compile on a GPU would

@@ -629,7 +629,7 @@ def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes:
         return _lift_graph(model, inputs, shapes, archs=archs, roles=roles, autotune=autotune,
                            display=display, dynamic=dynamic, translatable=translatable)
 
-    names = _input_names(model, len(example_inputs))
+    names = input_names(model, len(example_inputs))
     ir, outputs = size_pieces.lift_in_pieces(lift_one, tuple(example_inputs), dynamic_shapes, names)
 
     def traced_again(inputs: tuple, shapes: Any) -> GraphIR:  # the same, without binaries
@@ -654,7 +654,7 @@ def _forward_line(model: Callable) -> str:
         return ""
 
 
-def _input_names(model: Callable, count: int) -> list[str]:
+def input_names(model: Callable, count: int) -> list[str]:
     """The forward's argument names: ``caches[k]`` for the k-th argument a ``*caches`` parameter
     takes (as torch.export names its sources), ``args[i]`` for unknown ones."""
     forward = model.forward if isinstance(model, torch.nn.Module) else model

@@ -18,6 +18,7 @@ import itertools
 import logging
 from typing import Any, Callable
 
+import sympy
 import torch
 from torch.export.dynamic_shapes import Dim, _DerivedDim
 
@@ -389,24 +390,40 @@ def describe(ir: GraphIR) -> str:
 
 
 # --- where a piece is least proven: its ends ---------------------------------------------------
-def input_elements(ir: GraphIR, sizes: dict[str, int]) -> int:
-    """How many elements the inputs of a call at ``sizes`` (symbol -> value) hold."""
-    names = list(ir.symbols)
-    total = 0
-    for name in ir.inputs:
-        count = 1
-        for dim in ir.values[name].shape:
-            count *= int(evaluate(parse(dim, names), sizes))
-        total += count
-    return total
+_SIZES_OF: list = [None, None]  # the last IR asked about, and its tensors' element counts
+
+
+def largest_tensor(ir: GraphIR, sizes: dict[str, int]) -> int:
+    """Elements of the largest tensor whose size depends on a dynamic size, of any graph of
+    ``ir``, at ``sizes`` (symbol -> value): what an evaluation there costs, roughly (an estimate:
+    divisions in floating point)."""
+    held = _SIZES_OF
+    if held[0] is not ir:
+        exprs: dict[str, tuple[tuple[str, ...], Callable]] = {}
+        for graph in ir.graphs():
+            names = list(graph.symbols)
+            for value in graph.values.values():
+                numel = sympy.Mul(*[parse(d, names) for d in value.shape])
+                key = str(numel)
+                if key not in exprs and numel.free_symbols:  # (weights cost the same anywhere)
+                    used = tuple(sorted(str(x) for x in numel.free_symbols))
+                    exprs[key] = (used, sympy.lambdify([sympy.Symbol(u) for u in used],
+                                                       numel.xreplace({x: sympy.Symbol(str(x)) for x in numel.free_symbols}),
+                                                       modules="math"))
+        held[:] = [ir, list(exprs.values())]
+    top = 0
+    for used, fn in held[1]:
+        if all(u in sizes for u in used):
+            top = max(top, int(fn(*[sizes[u] for u in used])))
+    return top
 
 
 def piece_ends(ir: GraphIR, budget: int | None = None) -> list[tuple[int | None, dict[str, int]]]:
     """(piece index or None, sizes) for both ends of every piece's boxes (of the declared ranges,
     for a model with no pieces), each size not in the box at the example's value. With
-    ``budget``, an end whose inputs would hold more than ``budget`` elements is moved toward the
-    example's sizes (all sizes alike) until they fit: the largest end a slow evaluation (Triton's
-    interpreter) can afford. Duplicates dropped."""
+    ``budget``, an end where a tensor of the model would hold more than ``budget`` elements is
+    moved toward the example's sizes (all sizes alike) until none does: the largest end a slow
+    evaluation (Triton's interpreter) can afford. Duplicates dropped."""
     example = {s: info.example for s, info in ir.symbols.items()}
     boxes: list[tuple[int | None, dict[str, tuple[int, int]]]] = []
     if ir.pieces:
@@ -418,7 +435,7 @@ def piece_ends(ir: GraphIR, budget: int | None = None) -> list[tuple[int | None,
     for k, ranges in boxes:
         for end in (0, 1):
             point = {**example, **{s: r[end] for s, r in ranges.items()}}
-            if budget is not None and input_elements(ir, point) > budget:
+            if budget is not None and largest_tensor(ir, point) > budget:
                 point = _within(ir, ranges, example, point, budget)
             if point is not None and (k, point) not in out:
                 out.append((k, point))
@@ -428,18 +445,18 @@ def piece_ends(ir: GraphIR, budget: int | None = None) -> list[tuple[int | None,
 def _within(ir: GraphIR, ranges: dict[str, tuple[int, int]], example: dict[str, int],
             end: dict[str, int], budget: int) -> dict[str, int] | None:
     """The point on the way from the box's point nearest the example to ``end`` that is nearest
-    ``end`` with inputs of at most ``budget`` elements (None: not even the start fits)."""
+    ``end`` with no tensor over ``budget`` elements, or over the start's own (the example's cost
+    is always affordable: it was captured)."""
     start = {s: min(max(example[s], lo), hi) for s, (lo, hi) in ranges.items()}
     start = {**example, **start}
 
     def at(t: float) -> dict[str, int]:
         return {s: round(start[s] + t * (end[s] - start[s])) for s in end}
-    if input_elements(ir, start) > budget:
-        return None
+    budget = max(budget, largest_tensor(ir, start))  # never less than the example's own cost
     lo, hi = 0.0, 1.0
     for _ in range(24):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if input_elements(ir, at(mid)) <= budget else (lo, mid)
+        lo, hi = (mid, hi) if largest_tensor(ir, at(mid)) <= budget else (lo, mid)
     return at(lo)
 
 
@@ -456,8 +473,8 @@ def inputs_at(ir: GraphIR, example: tuple, spec: Any, names: list[str], sizes: d
 
 
 # --- each piece proven at its ends (issue 38) ----------------------------------------------------
-PROOF_BUDGET_CPU = 1 << 14  # input elements: the largest end captured through Triton's interpreter
-PROOF_BUDGET_GPU = 1 << 26  # captured natively
+PROOF_BUDGET_CPU = 1 << 16  # elements of the largest tensor at an end captured in the interpreter
+PROOF_BUDGET_GPU = 1 << 28  # captured natively
 
 
 def prove_ends(ir: GraphIR, lift_one: Callable[[tuple, Any], GraphIR], inputs: tuple,
