@@ -6,16 +6,21 @@ through the IR (optimize= / --opt-level)."""
 from __future__ import annotations
 
 import collections
+from pathlib import Path
 
 import numpy as np
 import onnx
 import onnx_ir as oir
 import onnxruntime as ort
 import pytest
+import torch
 from onnx import TensorProto, helper
 
+import kernel_lens as kl
 from kernel_lens.errors import InputError, PostconditionError
+from kernel_lens.frontends.capture.recorder import capture
 from kernel_lens.onnx import graph_passes as gp
+from kernel_lens.onnx.lower import lower_to_onnx, lowering_key
 
 OPSET = 23
 
@@ -99,7 +104,7 @@ def test_matmuls_that_must_not_fuse_are_left_alone():
 
 
 def _gqa(batch="B", length=1, kv_heads=2, groups=3, seq=10, head=8, mask="bool", causal=0,
-         mask_rows=1):
+         mask_rows=1, mask_heads=1, attention_name="", **attributes):
     """Attention over K/V caches repeated with repeat_kv's Unsqueeze -> Expand -> Reshape, the
     way the lowering spells it (the target shapes computed at run time from the batch)."""
     heads = kv_heads * groups
@@ -123,9 +128,10 @@ def _gqa(batch="B", length=1, kv_heads=2, groups=3, seq=10, head=8, mask="bool",
     att_inputs = ["q", "kr", "vr"]
     if mask:
         kind = TensorProto.BOOL if mask == "bool" else TensorProto.FLOAT
-        inputs.append(helper.make_tensor_value_info("mask", kind, [1, 1, mask_rows, seq]))
+        inputs.append(helper.make_tensor_value_info("mask", kind, [1, mask_heads, mask_rows, seq]))
         att_inputs.append("mask")
-    nodes.append(helper.make_node("Attention", att_inputs, ["y"], is_causal=causal))
+    nodes.append(helper.make_node("Attention", att_inputs, ["y"], is_causal=causal, name=attention_name,
+                                  **attributes))
     out = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, heads, length, head])]
     return _model(nodes, inputs, out, inits, info)
 
@@ -221,3 +227,138 @@ def test_each_pass_is_dumped_after_it_runs():
         graph, dump=lambda name, model: seen.append((name, sum(1 for _ in model.graph))))
     assert [name for name, _ in seen] == ["fuse_sibling_matmuls", "gqa_without_expand"]
     assert seen[1][1] != seen[0][1]  # the dump sees the model as that pass left it
+
+
+# ----------------------------------------------------------------------------- issue 39's pins
+
+
+def test_a_pass_that_breaks_the_graph_is_refused_even_when_it_reports_no_rewrite(monkeypatch):
+    class Quiet(gp.GraphPass):
+        name = "quiet"
+
+        def run(self, model):
+            model.graph.remove(next(iter(model.graph)))  # the first MatMul; its output is read
+            return 0
+
+    monkeypatch.setitem(gp.PASSES, "quiet", Quiet)
+    with pytest.raises(PostconditionError, match=r"after graph pass 'quiet'"):
+        gp.GraphPassManager(["quiet"]).run_on(oir.serde.deserialize_model(_siblings()))
+
+
+def test_a_pass_that_leaves_a_graph_output_without_a_producer_is_refused(monkeypatch):
+    class DropsAnOutput(gp.GraphPass):
+        name = "drops_an_output"
+
+        def run(self, model):  # the Relu making graph output y0: nothing else reads it
+            relu = next(n for n in model.graph if n.op_type == "Relu")
+            model.graph.remove(relu)
+            return 0
+
+    monkeypatch.setitem(gp.PASSES, "drops_an_output", DropsAnOutput)
+    with pytest.raises(PostconditionError, match=r"graph output 'y0' is no longer produced"):
+        gp.GraphPassManager(["drops_an_output"]).run_on(oir.serde.deserialize_model(_siblings()))
+
+
+def test_a_pass_that_defines_a_name_twice_is_refused(monkeypatch):
+    class Renames(gp.GraphPass):
+        name = "renames"
+
+        def run(self, model):
+            relus = [n for n in model.graph if n.op_type == "Relu"]
+            relus[1].outputs[0].name = relus[0].outputs[0].name
+            return 1
+
+    monkeypatch.setitem(gp.PASSES, "renames", Renames)
+    with pytest.raises(PostconditionError, match=r"value name 'y0' is defined more than once"):
+        gp.GraphPassManager(["renames"]).run_on(oir.serde.deserialize_model(_siblings()))
+
+
+def test_attention_whose_mask_differs_per_query_head_is_left_alone():
+    # folding moves query heads into rows: a per-head mask would be applied to the wrong heads
+    model = _gqa(mask_heads=6)
+    same, timings = _optimize(model, ["gqa_without_expand"])
+    assert timings[0].rewrites == 0 and _ops(same)["Expand"] == 2 and _ops(same)["Attention"] == 1
+
+
+def test_a_folded_attention_keeps_every_attribute_of_the_original():
+    model = _gqa(mask=None, scale=0.3, softmax_precision=1)
+    folded, timings = _optimize(model, ["gqa_without_expand"])
+    assert timings[0].rewrites == 1
+    attention = next(n for n in folded.graph.node if n.op_type == "Attention")
+    kept = {a.name: helper.get_attribute_value(a) for a in attention.attribute}
+    assert kept["scale"] == pytest.approx(0.3) and kept["softmax_precision"] == 1
+    feeds = _gqa_feeds(mask=None)
+    (want,), (got,) = _run(model, feeds), _run(folded, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)  # -O1 == -O0 at a non-default scale
+    default = _run(_gqa(mask=None), feeds)[0]
+    assert not np.allclose(default, want, atol=1e-3)  # the scale matters for these inputs
+
+
+def test_two_unnamed_attention_nodes_give_unique_names():
+    # legal ONNX: nodes need no names; the values a pass makes for each must still be unique
+    base = _gqa(mask="bool")
+    graph = base.graph
+    second = onnx.ModelProto.FromString(base.SerializeToString())
+    for node in second.graph.node:
+        node.input[:] = [n if n in ("q", "k", "v", "mask", "axes", "tail5", "tail4") else f"b_{n}"
+                         for n in node.input]
+        node.output[:] = [f"b_{n}" for n in node.output]
+    graph.node.extend(second.graph.node)
+    graph.value_info.extend(helper.make_tensor_value_info(f"b_{v.name}", v.type.tensor_type.elem_type,
+                                                          [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim])
+                            for v in second.graph.value_info)
+    graph.output.append(helper.make_tensor_value_info("b_y", TensorProto.FLOAT, ["B", 6, 1, 8]))
+    folded, timings = _optimize(base, ["gqa_without_expand"])
+    assert timings[0].rewrites == 2
+    names = [o for n in folded.graph.node for o in n.output] + [i.name for i in folded.graph.initializer]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    feeds = _gqa_feeds()
+    want, got = _run(base, feeds), _run(folded, feeds)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _sibling_pieces_ir():
+    from conftest import ROOT, load_module
+
+    never_wrong = load_module(ROOT / "tests" / "models" / "never_wrong.py")
+    dims = {"x": {0: torch.export.Dim("rows", min=1, max=64)}}
+    compiled = kl.compile(never_wrong.SiblingMatMuls(), never_wrong._x(4), dynamic_shapes=dims, arch=90)
+    return never_wrong, compiled
+
+
+def test_a_model_split_by_size_gets_the_graph_passes_in_every_piece():
+    never_wrong, compiled = _sibling_pieces_ir()
+    ir = compiled.ir
+    assert len(ir.pieces) == 2 and ir.graph_passes == ["fuse_sibling_matmuls", "gqa_without_expand"]
+    model = lower_to_onnx(ir)
+    branches = [a.g for n in model.graph.node if n.op_type == "If" for a in n.attribute
+                if a.name == "then_branch"]
+    assert len(branches) == 2
+    for branch in branches:  # each piece's two sibling MatMuls fused into one, then a Split
+        ops = collections.Counter(n.op_type for n in branch.node)
+        assert ops["MatMul"] == 1 and ops["Split"] == 1, ops
+    unoptimized = lower_to_onnx(ir.model_copy(update={"graph_passes": []}))
+    for branch in [a.g for n in unoptimized.graph.node if n.op_type == "If" for a in n.attribute
+                   if a.name == "then_branch"]:
+        assert collections.Counter(n.op_type for n in branch.node)["MatMul"] == 2
+    for rows in (1, 2, 5):  # and the fused graph computes the model (CPU evaluation against eager)
+        x = never_wrong._x(rows)[0]
+        want = capture(never_wrong.SiblingMatMuls(), (x.clone(),), 90).outputs
+        torch.testing.assert_close(compiled.run(x.clone()), want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_graph_passes_and_their_code_key_the_cached_lowering(monkeypatch):
+    _, compiled = _sibling_pieces_ir()
+    ir = compiled.ir
+    key = lowering_key(ir, 23)
+    assert lowering_key(ir, 23) == key
+    assert lowering_key(ir.model_copy(update={"graph_passes": ["gqa_without_expand"]}), 23) != key
+    assert lowering_key(ir, 18) != key
+    real = Path.read_bytes
+
+    def edited(path):  # the graph passes' code changed
+        data = real(path)
+        return data + b"\n# edited" if path.name == "graph_passes.py" else data
+    monkeypatch.setattr(Path, "read_bytes", edited)
+    assert lowering_key(ir, 23) != key

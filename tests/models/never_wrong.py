@@ -276,3 +276,22 @@ class Bf16Dot(torch.nn.Module):
         c = torch.empty(a.shape[0], b.shape[1], dtype=torch.float32, device=a.device)
         dot_kernel[(a.shape[0] // 16,)](a, b, c, K=16, N=16, BLOCK_M=16)
         return c
+
+
+class SiblingMatMuls(torch.nn.Module):
+    """Two products of one activation by constant weights (q/k-like: fuse_sibling_matmuls'
+    pattern), a size-1 path, and a kernel: a model split by size whose pieces each have siblings."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        self.wa = torch.nn.Parameter(torch.randn(COLS, COLS, generator=g), requires_grad=False)
+        self.wb = torch.nn.Parameter(torch.randn(COLS, COLS, generator=g), requires_grad=False)
+
+    def forward(self, x):
+        h = (x @ self.wa) * (x @ self.wb)
+        if x.shape[0] == 1:
+            h = h + 1
+        out = torch.empty_like(h)
+        scale_kernel[(triton.cdiv(h.numel(), 64),)](h, out, h.numel(), 2.0, BLOCK=64)
+        return out

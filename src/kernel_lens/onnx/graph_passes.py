@@ -82,11 +82,7 @@ def _const(value: oir.Value | None) -> np.ndarray | None:
 
 def _initializer(graph: oir.Graph, name: str, array: np.ndarray) -> oir.Value:
     """A new initializer holding ``array``, under a name no value of ``graph`` has."""
-    taken = {v.name for n in graph for v in n.outputs} | set(graph.initializers) | \
-        {v.name for v in graph.inputs}
-    unique, k = name, 1
-    while unique in taken:
-        unique, k = f"{name}.{k}", k + 1
+    unique = _fresh(graph, name)
     tensor = oir.tensor(array, name=unique)
     value = oir.Value(name=unique, shape=oir.Shape(array.shape), type=oir.TensorType(tensor.dtype),
                       const_value=tensor)
@@ -94,11 +90,32 @@ def _initializer(graph: oir.Graph, name: str, array: np.ndarray) -> oir.Value:
     return value
 
 
+def _taken(graph: oir.Graph) -> set[str]:
+    """Every name a value or node of ``graph`` has."""
+    names = {v.name for n in graph for v in n.outputs} | {n.name for n in graph}
+    return names | set(graph.initializers) | {v.name for v in graph.inputs}
+
+
+def _fresh(graph: oir.Graph, name: str) -> str:
+    """``name``, or ``name.1``, ``name.2``, ...: the first no value or node of ``graph`` has (two
+    unnamed nodes a pass rewrites must not give their new values one name: SSA)."""
+    taken = _taken(graph)
+    unique, k = name, 1
+    while unique in taken:
+        unique, k = f"{name}.{k}", k + 1
+    return unique
+
+
+def _base(node: oir.Node) -> str:
+    """The name new values made for ``node`` are scoped by (its op type when it has none)."""
+    return node.name or node.op_type
+
+
 def _node(domain: str, op: str, inputs: list, name: str, *, type: oir.TypeProtocol | None = None,
           shape: Sequence | oir.Shape | None = None, **kw) -> oir.Node:
     """A new node whose (first) output is named as the node: names scoped by the op they replace
-    (``op17/MatMul_66.fused``), as the lowering scopes its helper values; that output's ``type``
-    and ``shape`` are set where given."""
+    (``op17/MatMul_66.fused``), as the lowering scopes its helper values (the caller makes them
+    unique, :func:`_fresh`); that output's ``type`` and ``shape`` are set where given."""
     node = oir.Node(domain, op, inputs, name=name, **kw)
     out = node.outputs[0]
     out.name, out.type = name, type
@@ -172,9 +189,10 @@ class FuseSiblingMatMuls(GraphPass):
         cat = _initializer(graph, f"{weights[0].name}.fused", np.concatenate(arrays, axis=1))
         sizes = _initializer(graph, f"{weights[0].name}.fused_split", np.asarray(widths, np.int64))
         old = [n.outputs[0] for n in nodes]
-        matmul = _node("", "MatMul", [x, cat], f"{nodes[0].name}.fused", type=old[0].type)
+        base = _base(nodes[0])
+        matmul = _node("", "MatMul", [x, cat], _fresh(graph, f"{base}.fused"), type=old[0].type)
         split = oir.Node("", "Split", [matmul.outputs[0], sizes], attributes=[oir.AttrInt64("axis", -1)],
-                         num_outputs=len(nodes), name=f"{nodes[0].name}.fused_split")
+                         num_outputs=len(nodes), name=_fresh(graph, f"{base}.fused_split"))
         if all(o.shape is not None for o in old):
             shape = list(old[0].shape)
             shape[-1] = sum(widths)
@@ -274,24 +292,33 @@ class GqaWithoutExpand(GraphPass):
     @staticmethod
     def _fold(graph: oir.Graph, node: oir.Node, rk: _Repeated, rv: _Repeated) -> None:
         q = node.inputs[0]
+        base = _base(node)
+        made_names: set[str] = set()
+
+        def name(suffix: str) -> str:  # unique in the graph and among this fold's new nodes
+            unique, k = _fresh(graph, f"{base}.{suffix}"), 1
+            while unique in made_names:
+                unique, k = _fresh(graph, f"{base}.{suffix}.{k}"), k + 1
+            made_names.add(unique)
+            return unique
         kv_heads, head = rk.cache.shape[1], q.shape[3]
         v_head = rv.cache.shape[3]
         heads = q.shape[1]
-        fold = _initializer(graph, f"{node.name}.fold", np.asarray([0, kv_heads, -1, head], np.int64))
-        unfold = _initializer(graph, f"{node.name}.unfold", np.asarray([0, heads, -1, v_head], np.int64))
+        fold = _initializer(graph, f"{base}.fold", np.asarray([0, kv_heads, -1, head], np.int64))
+        unfold = _initializer(graph, f"{base}.unfold", np.asarray([0, heads, -1, v_head], np.int64))
         length = q.shape[2] * rk.groups if isinstance(q.shape[2], int) else None
-        folded = _node("", "Reshape", [q, fold], f"{node.name}.fold_groups", type=q.type,
+        folded = _node("", "Reshape", [q, fold], name("fold_groups"), type=q.type,
                        shape=[q.shape[0], kv_heads, length, head])
         mask = node.inputs[3] if len(node.inputs) > 3 else None
         made = [folded]
         if mask is not None:  # its one row repeated for the folded rows (ORT wants them all)
-            made += GqaWithoutExpand._mask_rows(graph, node, mask, folded.outputs[0], length)
+            made += GqaWithoutExpand._mask_rows(graph, node, mask, folded.outputs[0], length, name)
             mask = made[-1].outputs[0]
         inputs = [folded.outputs[0], rk.cache, rv.cache, *([mask] if mask is not None else [])]
         old = node.outputs[0]
-        attention = _node(node.domain, "Attention", inputs, f"{node.name}.kv_heads", type=old.type,
+        attention = _node(node.domain, "Attention", inputs, name("kv_heads"), type=old.type,
                           attributes=list(node.attributes.values()), version=node.version)
-        unfolded = _node("", "Reshape", [attention.outputs[0], unfold], f"{node.name}.unfold_groups",
+        unfolded = _node("", "Reshape", [attention.outputs[0], unfold], name("unfold_groups"),
                          type=old.type, shape=old.shape)
         graph.insert_before(node, [*made, attention, unfolded])
         old.replace_all_uses_with(unfolded.outputs[0], replace_graph_outputs=True)
@@ -305,7 +332,7 @@ class GqaWithoutExpand(GraphPass):
 
     @staticmethod
     def _mask_rows(graph: oir.Graph, node: oir.Node, mask: oir.Value, folded_q: oir.Value,
-                   length: int | None) -> list[oir.Node]:
+                   length: int | None, name: Callable[[str], str]) -> list[oir.Node]:
         """The mask's rows for the folded query rows (``g*L + l`` reads row ``l``; ONNX Runtime
         takes a mask whose query dim equals the query length, none that broadcasts). A row per
         query row: ``Unsqueeze`` a group axis, ``Expand`` it to ``G``, ``Reshape`` (groups, rows)
@@ -317,29 +344,29 @@ class GqaWithoutExpand(GraphPass):
         rows_out = [*mask.shape[:-2], length, mask.shape[-1]]
         if mask.shape[-2] != 1 or node.inputs[0].shape[2] == 1:  # a row per query row
             groups = node.inputs[0].shape[1] // folded_q.shape[1]
-            axis = _initializer(graph, f"{node.name}.mask_group_axis", np.asarray([rank - 2], np.int64))
-            unsqueeze = _node("", "Unsqueeze", [mask, axis], f"{node.name}.mask_group", type=mask.type,
+            axis = _initializer(graph, f"{_base(node)}.mask_group_axis", np.asarray([rank - 2], np.int64))
+            unsqueeze = _node("", "Unsqueeze", [mask, axis], name("mask_group"), type=mask.type,
                               shape=[*mask.shape[:-2], 1, *mask.shape[-2:]])
-            repeats = _initializer(graph, f"{node.name}.mask_groups", np.asarray([*ones, groups, 1, 1], np.int64))
-            expand = _node("", "Expand", [unsqueeze.outputs[0], repeats], f"{node.name}.mask_repeat",
+            repeats = _initializer(graph, f"{_base(node)}.mask_groups", np.asarray([*ones, groups, 1, 1], np.int64))
+            expand = _node("", "Expand", [unsqueeze.outputs[0], repeats], name("mask_repeat"),
                            type=mask.type, shape=[*mask.shape[:-2], groups, *mask.shape[-2:]])
-            merged = _initializer(graph, f"{node.name}.mask_merge",
+            merged = _initializer(graph, f"{_base(node)}.mask_merge",
                                   np.asarray([*([0] * (rank - 2)), -1, mask.shape[-1]], np.int64))
-            reshape = _node("", "Reshape", [expand.outputs[0], merged], f"{node.name}.mask_rows",
+            reshape = _node("", "Reshape", [expand.outputs[0], merged], name("mask_rows"),
                             type=mask.type, shape=rows_out)
             return [unsqueeze, expand, reshape]
         made = []
         if length is not None:
-            rows = _initializer(graph, f"{node.name}.mask_rows", np.asarray([*ones, length, 1], np.int64))
+            rows = _initializer(graph, f"{_base(node)}.mask_rows", np.asarray([*ones, length, 1], np.int64))
         else:  # the folded length at run time: Shape(q)[2]
-            shape = _node("", "Shape", [folded_q], f"{node.name}.query_length",
+            shape = _node("", "Shape", [folded_q], name("query_length"),
                           attributes=[oir.AttrInt64("start", 2), oir.AttrInt64("end", 3)])
-            head = _initializer(graph, f"{node.name}.mask_ones", np.asarray(ones, np.int64))
-            tail = _initializer(graph, f"{node.name}.mask_one", np.asarray([1], np.int64))
-            concat = _node("", "Concat", [head, shape.outputs[0], tail], f"{node.name}.mask_rows",
+            head = _initializer(graph, f"{_base(node)}.mask_ones", np.asarray(ones, np.int64))
+            tail = _initializer(graph, f"{_base(node)}.mask_one", np.asarray([1], np.int64))
+            concat = _node("", "Concat", [head, shape.outputs[0], tail], name("mask_rows"),
                            attributes=[oir.AttrInt64("axis", 0)])
             made, rows = [shape, concat], concat.outputs[0]
-        expand = _node("", "Expand", [mask, rows], f"{node.name}.mask_expand", type=mask.type,
+        expand = _node("", "Expand", [mask, rows], name("mask_expand"), type=mask.type,
                        shape=rows_out)
         return [*made, expand]
 
@@ -375,8 +402,15 @@ def resolve(optimize: int | Sequence[str] | None) -> list[str]:
 
 def check_graph(graph: oir.Graph) -> None:
     """The graph's invariants: every node reads only values defined before it (graph inputs,
-    initializers, earlier nodes' outputs), and every graph output is defined."""
+    initializers, earlier nodes' outputs), every graph output is defined, and every value's name
+    is defined once (SSA: ONNX names are how values are found)."""
     defined = {id(v) for v in graph.inputs} | {id(v) for v in graph.initializers.values()}
+    names = [v.name for v in graph.inputs] + list(graph.initializers) + \
+        [o.name for n in graph for o in n.outputs if o.name]
+    twice = sorted({n for n in names if names.count(n) > 1}) if len(set(names)) != len(names) else []
+    if twice:
+        raise ValueError(f"value name {twice[0]!r} is defined more than once (the graph is not in "
+                         f"SSA form)")
     for node in graph:
         for value in node.inputs:
             if value is not None and id(value) not in defined and value.const_value is None:

@@ -600,19 +600,29 @@ def optimize(model: onnx.ModelProto, graph_passes: Sequence[str] = ()) -> onnx.M
     return out
 
 
+LOWERING_CODE = ("lower.py", "aten.py", "torchlib.py", "rewrites.py", "graph_passes.py", "context.py",
+                 "external_data.py", "graph_builder.py", "memory.py", "pieces.py", "aliasing.py")
+
+
+def lowering_key(ir: GraphIR, opset: int) -> str:
+    """What a cached lowering of ``ir`` is keyed by: the IR (its graph passes with it), the opset,
+    every source file of the lowering (the graph passes' code among them) and the versions of the
+    libraries it calls."""
+    import torch  # lazy: torch takes seconds; the onnx layer imports no torch (targets emit and build without it)
+
+    here = Path(__file__).parent
+    code = [here / f for f in LOWERING_CODE]
+    code += [here.parent / "aten_facts.py", here.parent / "codegen" / "launch_io.py"]
+    return entry_cache.key_of("onnx/1", _version(), torch.__version__, dist_version("onnxscript"),
+                              onnx.__version__, opset, *(p.read_bytes() for p in code),
+                              ir.to_json(indent=None).encode())
+
+
 def lower_to_onnx_cached(ir: GraphIR, *, opset: int = MIN_OPSET) -> onnx.ModelProto:
     """:func:`lower_to_onnx`, reused from the kernel_lens cache when the same IR was lowered by
     the same lowering code and library versions (a recompile with nothing changed never imports
     torchlib). Models past protobuf's 2 GB limit are not cached."""
-    import torch  # lazy: torch takes seconds; the onnx layer imports no torch (targets emit and build without it)
-
-    code = [Path(__file__).parent / f
-            for f in ("lower.py", "aten.py", "torchlib.py", "rewrites.py", "graph_passes.py", "context.py",
-                      "external_data.py")]
-    code += [Path(__file__).parents[1] / "aten_facts.py", Path(__file__).parents[1] / "codegen" / "launch_io.py"]
-    key = entry_cache.key_of("onnx/1", _version(), torch.__version__, dist_version("onnxscript"),
-                             onnx.__version__, opset, *(p.read_bytes() for p in code),
-                             ir.to_json(indent=None).encode())
+    key = lowering_key(ir, opset)
     body = entry_cache.read("onnx", key, ".onnx")
     if body is not None:
         try:
