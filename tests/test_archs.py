@@ -49,6 +49,9 @@ def test_bad_arch_lists_are_refused_by_the_api(arch):
     ([(80, False), (90, False)], 100, 90),
     ([(80, False), (90, True)], 75, None),   # older than every build
     ([(90, True)], 100, None),
+    ([(80, False), (86, False), (90, True)], 89, 86),  # the newest portable one not above it
+    ([(86, False), (80, False), (90, True)], 89, 86),  # whatever order they are listed in
+    ([(80, False), (86, False), (90, True)], 85, 80),
 ])
 def test_which_built_arch_a_device_runs(built, cc, picked):
     assert pick_arch(built, cc) == picked

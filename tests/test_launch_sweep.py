@@ -368,6 +368,20 @@ def test_a_dim_that_is_a_multiple_of_its_symbol_is_checked(fake_driver, tmp_path
     assert out["launches"] == "0" and out["loads"] == "0", out
 
 
+def test_of_several_portable_archs_below_the_device_the_newest_runs(fake_driver, tmp_path):
+    # sm_80, sm_86 and sm_90 built (sm_80/86 PTX portable, sm_90's an sm_90a target): an sm_89
+    # device JIT-compiles sm_86's PTX, the newest not above it; sm_87 too; sm_85 takes sm_80's
+    model = Model("vector_add", tmp_path, arch=(80, 86, 90))
+    assert model.top.built_archs() == [(80, False), (86, False), (90, True)]
+    values = {s: 4096 for s in model.ir.symbols}
+    ran = {}
+    for device in (85, 87, 89, 90):
+        model.device = device
+        _check_launch(model, fake_driver, 0, values, tmp_path)  # the loaded image is that arch's
+        ran[device] = model.expected(0, values, [0])[2].arch
+    assert ran == {85: 80, 87: 86, 89: 86, 90: 90}
+
+
 def test_one_artifact_set_for_several_archs_runs_the_devices_binary(fake_driver, tmp_path):
     # --arch sm_80,sm_90: a binary per arch in one library; the launch runs the device's own
     # cubin, JIT-compiles the newest portable PTX below a newer device (Triton's sm_90 PTX
