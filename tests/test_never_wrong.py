@@ -217,3 +217,40 @@ def test_each_example_equals_eager_on_the_cpu_at_the_example_and_each_piece_end(
     checked = evaluated_against_eager(module, compiled)
     assert checked and checked[0] == {s: i.example for s, i in compiled.ir.symbols.items()}
     assert len(checked) >= 2 or not compiled.ir.symbols, checked
+
+
+# --- issue 39's pins on the CPU ------------------------------------------------------------------
+def test_a_tuple_of_tensors_is_bound_in_order():
+    """The kernel writes the tuple element the user passed (the second), never another."""
+    dims = {"x": {0: torch.export.Dim("rows", min=2, max=64)}}
+    compiled = kl.compile(never_wrong.TupleWrite(), never_wrong._x(4), dynamic_shapes=dims, arch=90)
+    for rows in (2, 5, 64):
+        x = never_wrong._x(rows)[0]
+        a, b = compiled.run(x.clone())
+        assert torch.equal(a, torch.zeros_like(x)) and torch.equal(b, 2 * x)
+
+
+def test_the_graph_picks_the_right_piece_at_the_top_and_bottom_of_each_box():
+    """Each piece of size_branches made to compute its own function (its scale kernel scales by
+    10 + its index): evaluated at both corners of every box, the output says which piece ran."""
+    from conftest import CORPUS
+
+    module = load_module(CORPUS / "size_branches.py")
+    ir = model_ir(CORPUS / "size_branches.py").model_copy(deep=True)
+    assert len(ir.pieces) >= 4
+    for k, piece in enumerate(ir.pieces):
+        graph = piece.graph
+        launch = next(l for l in graph.launches if graph.kernels[l.kernel].name == "scale_rows_kernel")
+        next(a for a in launch.args if a.name == "scale").constant = 10.0 + k
+    compiled = CompiledModel(ir)
+    tried = []
+    for k, piece in enumerate(ir.pieces):
+        for box in piece.when:
+            for end in (0, 1):
+                sizes = {"rows": 40, "n": 100, **{s: r[end] for s, r in box.ranges.items()}}
+                sizes = {s: min(v, 1024 if s == "rows" else 4096) for s, v in sizes.items()}
+                x, v = module._make_inputs(rows=sizes["rows"], n=sizes["n"])
+                y = compiled.run(x, v)[0]
+                assert torch.equal(y, (10.0 + k) * x), (k, sizes)
+                tried.append(sizes)
+    assert {"rows": 47, "n": 64} in tried  # the top of the piece below rows == 48

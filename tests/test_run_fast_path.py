@@ -331,3 +331,18 @@ def test_a_written_input_is_bound_and_refused_when_shared_after_good_calls(tmp_p
             runner.run(y, other)
     runner.run(y, x)
     assert fake.runs[-1]["y"] == (y.data_ptr(), tuple(y.shape))
+
+
+def test_a_kept_binding_given_the_same_pointer_with_another_shape_is_rebound(tmp_path, monkeypatch):
+    """Issue 39 item 8: ``x[:2]`` after ``x`` has x's data pointer; the binding must hold the new
+    shape, not the one kept for that pointer (ORT would read and write past the view)."""
+    module, runner, fake = _runner("rmsnorm", tmp_path, monkeypatch)
+    x = torch.randn(4, 5, module.example_inputs[0].shape[-1])
+    runner.run(x)
+    head = x[:2]
+    assert head.data_ptr() == x.data_ptr()
+    out = runner.run(head)
+    assert fake.runs[-1] == _held(runner, head, out)
+    assert fake.runs[-1][runner.ir.inputs[0]] == (x.data_ptr(), (2, 5, x.shape[-1]))
+    again = runner.run(x)  # and back: the whole tensor's shape again
+    assert fake.runs[-1] == _held(runner, x, again)

@@ -268,3 +268,39 @@ def test_a_view_at_a_dynamic_offset_has_no_address_under_torch_export():
     at_three = types.SimpleNamespace(_base=root, storage_offset=lambda: 3, element_size=lambda: 4)
     tokens = Tokens()
     assert tokens.address(at_three) - tokens.address(root) == 12  # one root, 3 elements on
+
+
+# --- issue 39 item 13: ranges wider than the dense window (1 << 16) reach the bisection ----------
+def _covered(parts, lo, hi):
+    """The pieces are ascending, contiguous and cover [lo, hi] exactly: no size in no piece."""
+    assert parts[0][1] == lo and parts[-1][2] == hi
+    for (_, a, b), (_, c, _) in zip(parts, parts[1:]):
+        assert a <= b and c == b + 1, parts
+
+
+def test_a_range_wider_than_65536_is_split_with_no_size_left_out():
+    s = sympy.Symbol("n", integer=True, positive=True)
+    cond = sympy.And(s >= 75_000, s <= 112_500)
+    parts = sf.truth_pieces(cond, {s: ValueRanges(1, 200_000)})
+    _covered(parts, 1, 200_000)
+    assert parts == [(False, 1, 74_999), (True, 75_000, 112_500), (False, 112_501, 200_000)]
+    steps = sf.pieces(FloorDiv(s, 37_500), {s: ValueRanges(1, 200_000)})
+    _covered(steps, 1, 200_000)
+    assert [(v, a) for v, a, _ in steps] == [(k, max(1, 37_500 * k)) for k in range(6)]
+
+
+@settings(max_examples=25, deadline=None)
+@given(lo=st.integers(1, 1000), width=st.integers(70_000, 3_000_000), d=st.integers(20_000, 900_000))
+def test_wide_ranges_are_split_exactly_where_the_value_changes(lo, width, d):
+    s = sympy.Symbol("n", integer=True, positive=True)
+    hi = lo + width
+    try:
+        parts = sf.pieces(FloorDiv(s, d), {s: ValueRanges(lo, hi)})
+    except Exception as exc:  # more than MAX_PIECES values
+        assert "more than" in str(exc) and hi // d - lo // d + 1 > sf.MAX_PIECES
+        return
+    _covered(parts, lo, hi)
+    for value, a, b in parts:  # each piece's ends, and the sizes just outside them
+        assert a // d == value == b // d
+        assert a == lo or (a - 1) // d != value
+        assert b == hi or (b + 1) // d != value

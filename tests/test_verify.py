@@ -102,3 +102,29 @@ def test_a_wrong_constant_planted_in_one_piece_fails_verify_by_value(tmp_path):
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 1, proc.stderr
     assert "[FAIL] rows=48" in proc.stdout and proc.stdout.rstrip().endswith("result: FAILED")
+
+
+def test_the_byte_comparison_is_bitwise():
+    """Issue 39 item 11: identical NaN bits are equal, another NaN payload is not, -0.0 is not +0.0."""
+    from kernel_lens.verify_launches import compare_written, same_bytes
+
+    nan = torch.tensor([1.0, float("nan"), 3.0])
+    assert same_bytes(nan, nan.clone())
+    other_nan = nan.clone()
+    other_nan.view(torch.int32)[1] ^= 1  # another NaN payload
+    assert torch.isnan(other_nan[1]) and not same_bytes(nan, other_nan)
+    assert not same_bytes(torch.tensor([-0.0]), torch.tensor([0.0]))
+    assert torch.tensor([-0.0]) == torch.tensor([0.0])  # (equal as numbers)
+    assert compare_written("out_ptr", nan.clone(), nan.clone()).exact
+    assert compare_written("out_ptr", torch.tensor([0.0]), torch.tensor([-0.0])).exact is False
+
+
+def test_a_node_output_shorter_than_the_argument_is_refused_at_the_boundary():
+    """Issue 39 item 12: the view reaches element 22 of the root (offset 6, strides (6, 2), shape
+    (3, 3)): a root of 23 elements holds it; one of 22 is refused, not read past its end."""
+    from kernel_lens.verify_launches import compare_written
+
+    root = torch.arange(24, dtype=torch.float32)
+    view = root.view(4, 6)[1:, ::2]
+    assert compare_written("out_ptr", root[:23].clone(), view).exact
+    assert "laid out unlike" in compare_written("out_ptr", root[:22].clone(), view).problem

@@ -295,3 +295,21 @@ class SiblingMatMuls(torch.nn.Module):
         out = torch.empty_like(h)
         scale_kernel[(triton.cdiv(h.numel(), 64),)](h, out, h.numel(), 2.0, BLOCK=64)
         return out
+
+
+@triton.jit
+def second_of_pair_kernel(x_ptr, ptrs, n, BLOCK: tl.constexpr):
+    """Writes x * 2 into the second tensor of the pair ``ptrs`` only."""
+    _, out_ptr = ptrs
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=m) * 2.0, mask=m)
+
+
+class TupleWrite(torch.nn.Module):
+    """A tuple of two torch.zeros buffers; the kernel writes the second: the first stays zero."""
+
+    def forward(self, x):
+        a, b = torch.zeros_like(x), torch.zeros_like(x)
+        second_of_pair_kernel[(triton.cdiv(x.numel(), 64),)](x, (a, b), x.numel(), BLOCK=64)
+        return a, b
