@@ -23,7 +23,7 @@ case "${1:-all}" in
   ort) tests=(tests/gpu/test_gpu_ort.py) ;;
   hf) tests=(tests/gpu/test_gpu_hf.py tests/gpu/test_gpu_runtime.py) ;;
   never) tests=(tests/gpu/test_gpu_never_wrong.py tests/gpu/test_gpu_decode.py tests/gpu/test_gpu_verify.py
-                tests/test_never_wrong.py) ;;
+                tests/gpu/test_gpu_runtime.py tests/test_never_wrong.py) ;;
   trt)
     for k in 0 1 2 3; do
       KL_GPU_SHARD=$k/4 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_gpu_trt.py \

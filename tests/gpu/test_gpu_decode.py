@@ -90,7 +90,7 @@ def test_graph_optimizations_keep_greedy_tokens_and_logits(decode, decode_unopti
         return {made_by.get(name) for n in graph.node if n.op_type == "Attention" for name in n.input[1:3]}
 
     kv = [kv_producers(g) for g in graphs]
-    assert kv[0] <= {"kv_cache_write_kernel"} and "Reshape" in kv[1], kv
+    assert kv[0] and kv[0] <= {"kv_cache_write_kernel"} and "Reshape" in kv[1], kv  # an Attention node
     assert "Split" in {n.op_type for n in graphs[0].node}
     prompt = torch.randint(0, model.config.vocab_size, (batch, 4),
                            generator=torch.Generator().manual_seed(10 + batch)).cuda()

@@ -268,3 +268,47 @@ def test_a_graph_with_host_work_is_refused_with_a_clear_error(monkeypatch):
         compiled.run(x, y, cuda_graph="torch")
     monkeypatch.undo()
     assert torch.equal(compiled.run(x, y, cuda_graph=False), _cuda(module)(x, y))
+
+
+# --- issue 39's GPU pins ------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", MODES)
+def test_a_static_buffer_re_pointed_or_resized_in_place_is_not_replayed_blindly(mode):
+    """Item 9: the fast path replays the last graph only for the very same tensors with the same
+    pointers and shapes; a static input re-pointed (``set_``) or resized (``resize_``) in place
+    is the same tensor object but another buffer: the call must compute on what it now holds."""
+    module = load_module(EXAMPLES / "toy_two_kernels.py")
+    compiled = _compiled(module)
+    x, y = (t.cuda() for t in module.example_inputs)
+    runner = compiled.runner(cuda_graph=mode)
+    ins, outs = runner.cuda_graph_buffers(x, y)
+    ins[0].copy_(x)
+    ins[1].copy_(y)
+    compiled.run(*ins, out=outs, cuda_graph=mode)
+    fresh = torch.randn_like(x)
+    ins[0].set_(fresh.clone())  # re-pointed: the graph's static buffer is no longer its memory
+    got = compiled.run(*ins, out=outs, cuda_graph=mode)
+    assert torch.equal(got, _cuda(module)(ins[0].clone(), ins[1].clone()))
+    n = x.shape[0] // 2
+    ins[0].resize_(n)
+    ins[1].resize_(n)
+    small = [torch.empty(n, device="cuda") for _ in outs]
+    got = compiled.run(*ins, out=small, cuda_graph=mode)
+    assert got.shape == (n,) and torch.equal(got, _cuda(module)(ins[0].clone(), ins[1].clone()))
+
+
+def test_on_the_legacy_default_stream_ort_waits_for_the_callers_earlier_work():
+    """Item 10: the caller's default stream is busy (a long sleep, then the input's new values);
+    ORT runs on a side stream that must wait for that work before reading the input."""
+    module = load_module(EXAMPLES / "toy_two_kernels.py")
+    compiled = _compiled(module)
+    x, y = (t.cuda() for t in module.example_inputs)
+    compiled.run(x, y)  # sessions, modules: made before the timed part
+    with torch.cuda.stream(torch.cuda.default_stream()):
+        for _ in range(3):
+            new = torch.randn_like(x)
+            torch.cuda.synchronize()
+            torch.cuda._sleep(50_000_000)  # ~25 ms of GPU time on the default stream
+            x.copy_(new)                   # the input's new values, after the sleep
+            got = compiled.run(x, y)
+            torch.cuda.synchronize()
+            assert torch.equal(got, _cuda(module)(new, y))
