@@ -102,8 +102,15 @@ class _Graph:
     run_options: object
     captured: torch.cuda.CUDAGraph | None = None
 
-    def __post_init__(self) -> None:  # the buffers' pointers and shapes, as bound
-        self.frozen = _layout([*self.inputs, *self.outputs])
+    def __post_init__(self) -> None:
+        self.frozen = _layout([*self.inputs, *self.outputs])  # the buffers' pointers and shapes, as bound
+        # The graph's own views of that memory: the buffers handed to the caller
+        # (cuda_graph_buffers) may be re-pointed (set_) or resized (resize_) in place, which
+        # changes those tensor objects but not what the binding and the captured graph use.
+        self.own_inputs = [t.view(t.shape) for t in self.inputs]
+        self.own_outputs = [t.view(t.shape) for t in self.outputs]
+        mine = {id(t): own for t, own in zip(self.inputs, self.own_inputs)}
+        self.own_mutated = [mine.get(id(t)) or t.view(t.shape) for t in self.mutated]
 
 
 @dataclass
@@ -365,8 +372,8 @@ class OrtModel:
 
     def _run_graph(self, tensors, shapes, out, device) -> list[torch.Tensor]:
         graph, state, side = self._graph(tensors, shapes, device)
-        for static, t in zip(graph.inputs, tensors):
-            if static.data_ptr() != t.data_ptr():
+        for static, t in zip(graph.own_inputs, tensors):
+            if static.data_ptr() != t.data_ptr() or static.shape != t.shape:
                 static.copy_(t)
         if graph.captured is not None:
             graph.captured.replay()  # on the caller's stream
@@ -383,17 +390,17 @@ class OrtModel:
                                       f"be captured (run without cuda_graph=True)") from None
         self._copy_back(tensors, graph)
         if out is None:
-            return [t.clone() for t in graph.outputs]
-        for dst, static in zip(out, graph.outputs):
-            if dst.data_ptr() != static.data_ptr():
+            return [t.clone() for t in graph.own_outputs]
+        for dst, static in zip(out, graph.own_outputs):
+            if dst.data_ptr() != static.data_ptr() or dst.shape != static.shape:
                 dst.copy_(static)
         return list(out)
 
     def _copy_back(self, tensors, graph: _Graph) -> None:
         """The inputs the model wrote, from the graph's buffers into the caller's tensors
         (nothing when the caller passed the static buffers of inputs updated in place)."""
-        for m, static in zip(self._mutated, graph.mutated):
-            if tensors[m.input].data_ptr() != static.data_ptr():
+        for m, static in zip(self._mutated, graph.own_mutated):
+            if tensors[m.input].data_ptr() != static.data_ptr() or tensors[m.input].shape != static.shape:
                 tensors[m.input].copy_(static)
 
     def _capture(self, graph: _Graph, state: _Session, device: torch.device) -> None:
@@ -401,8 +408,8 @@ class OrtModel:
         call by replaying it, checked bit for bit against a plain run on the same inputs."""
         index = device.index
         stream, caller = self._capture_stream(index), torch.cuda.current_stream(index)
-        state_buffers = [graph.inputs[m.input] for m in self._mutated if m.in_place]
-        results = graph.outputs + [t for m, t in zip(self._mutated, graph.mutated) if not m.in_place]
+        state_buffers = [graph.own_inputs[m.input] for m in self._mutated if m.in_place]
+        results = graph.own_outputs + [t for m, t in zip(self._mutated, graph.own_mutated) if not m.in_place]
         results += state_buffers
         run = functools.partial(state.session.run_with_iobinding, graph.binding, graph.run_options)
         stream.wait_stream(caller)  # the static inputs are filled on the caller's stream
