@@ -110,7 +110,7 @@ class _Graph:
         self.own_inputs = [t.view(t.shape) for t in self.inputs]
         self.own_outputs = [t.view(t.shape) for t in self.outputs]
         mine = {id(t): own for t, own in zip(self.inputs, self.own_inputs)}
-        self.own_mutated = [mine.get(id(t)) or t.view(t.shape) for t in self.mutated]
+        self.own_mutated = [mine[id(t)] if id(t) in mine else t.view(t.shape) for t in self.mutated]
 
 
 @dataclass
