@@ -97,7 +97,7 @@ def test_a_wrong_constant_planted_in_one_piece_fails_verify_by_value(tmp_path):
     bad = next(o for o in failed[0].outputs if o.problem)
     assert bad.max_abs > 0.1 and "tolerance" in bad.problem
     compiled.write(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "kernel_lens.cli", "-q", "verify",
+    proc = subprocess.run([sys.executable, "-m", "kernel_lens.cli", "-q", "verify", "--max-size", "64",
                            str(CORPUS / "size_branches.py"), str(tmp_path)],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 1, proc.stderr
