@@ -142,7 +142,8 @@ def test_config_agrees_with_the_onnx_graph(compiled, backend, tmp_path):
         params = {k: v.string_value for k, v in config.parameters.items()}
         assert params == {"FORCE_CPU_ONLY_INPUT_TENSORS": "no", "kernel_lens_onnx": "model.onnx",
                           "kernel_lens_op_library": shared, "kernel_lens_use_tf32": "0"}
-        assert (version / "model.py").read_text() == MODEL_PY.read_text()
+        if not os.environ.get("MUTANT_UNDER_TEST"):  # mutmut's trampolines rewrite the module
+            assert (version / "model.py").read_text() == MODEL_PY.read_text()
     assert sorted(p.name for p in version.iterdir()) == sorted(result.files)
 
 
