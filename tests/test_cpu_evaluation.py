@@ -1,0 +1,145 @@
+"""The CPU evaluation of a compiled model (issue 38, ``kernel_lens.runtime.interpreted``): what a
+launch node does with its inputs (refusals, poisoned fresh outputs, ``out=``), and a folder run in
+a process that never imported the model (the kernels' text from the IR)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import kernel_lens as kl
+from kernel_lens.codegen.plan import build_plan
+from kernel_lens.compiler import CompiledModel
+from kernel_lens.errors import InputError, KernelLensError, KernelSourceError
+from kernel_lens.ir import DType, GraphIR
+from kernel_lens.runtime.interpreted import LaunchNode, LaunchRefused, poison, to_numpy, to_torch
+
+from conftest import EXAMPLES, ROOT, eager_on_cpu, load_module, model_ir
+
+TOY = EXAMPLES / "toy_two_kernels.py"
+
+
+def test_fresh_outputs_start_as_a_poison_pattern():
+    assert torch.isnan(poison((3,), DType.fp32)).all() and torch.isnan(poison((2,), DType.bf16)).all()
+    assert poison((2,), DType.i32).tolist() == [0x5A5A5A5A] * 2
+    assert poison((1,), DType.i8).tolist() == [0x5A] and poison((1,), DType.u8).tolist() == [0x5A]
+    assert poison((1,), DType.i64).tolist() == [0x5A5A5A5A5A5A5A5A]
+    assert poison((2,), DType.i1).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn,
+                                   torch.int32, torch.bool])
+def test_tensors_cross_to_the_reference_evaluator_bit_for_bit(dtype):
+    t = (torch.randn(3, 4) * 3).to(dtype)
+    ir_dtype = {torch.float32: DType.fp32, torch.float16: DType.fp16, torch.bfloat16: DType.bf16,
+                torch.float8_e4m3fn: DType.fp8e4nv, torch.int32: DType.i32, torch.bool: DType.i1}[dtype]
+    back = to_torch(to_numpy(t, ir_dtype), ir_dtype)
+    assert back.dtype == dtype and back.shape == t.shape
+    assert torch.equal(back.view(torch.uint8) if dtype.itemsize == 1 else back, t.view(torch.uint8)
+                       if dtype.itemsize == 1 else t)
+    assert to_torch(np.float32(2.5), DType.fp32).shape == ()  # a 0-d result stays 0-d
+
+
+def _node(index: int = 0) -> tuple[GraphIR, LaunchNode]:
+    ir = model_ir(TOY)
+    plan = build_plan(ir)
+    return ir, LaunchNode(plan.launches[index], ir.all_kernels(), list(plan.symbols))
+
+
+def test_a_launch_node_refuses_what_the_cuda_op_refuses():
+    ir, node = _node()
+    hi = ir.symbols["n"].max
+    x = np.ones(16, np.float32)
+    assert [a.shape for a in node([x, x])] == [(16,)]
+    with pytest.raises(LaunchRefused, match=r"launch 0 \(add_kernel\): the node has 1 inputs, the plan 2"):
+        node([x])
+    with pytest.raises(LaunchRefused, match=r"input 0 .* has rank 2, expected 1"):
+        node([np.ones((4, 4), np.float32), x])
+    with pytest.raises(LaunchRefused, match=rf"dynamic dim n = {hi + 1} .* outside \[2, {hi}\]"):
+        node([np.ones(hi + 1, np.float32), np.ones(hi + 1, np.float32)])
+    with pytest.raises(LaunchRefused, match=r"input 1 dim 0 is 17, expected n = 16"):
+        node([x, np.ones(17, np.float32)])
+
+
+def test_a_node_with_no_variant_for_its_guards_is_refused():
+    from conftest import CORPUS
+
+    ir = model_ir(CORPUS / "heuristics.py")
+    plan = build_plan(ir)
+    launch = next(p for p in plan.launches if p.guards)
+    node = LaunchNode(launch.model_copy(update={"dispatch": launch.dispatch[:1]}), ir.all_kernels(),
+                      list(plan.symbols))
+    want = launch.dispatch[0].when
+    module = load_module(CORPUS / "heuristics.py")
+    n = module.example_inputs[0].shape[0]
+    for size in (2, 3, 16, 17, n, 4096):  # a size whose guards pick the variant left out
+        values = {g.name: node.exprs.value(g.expr, {"n": size}) for g in launch.guards}
+        if values != want:
+            arrays = [np.ones(size, np.float32) for _ in launch.inputs]
+            with pytest.raises(LaunchRefused, match="no kernel variant was compiled for the guard values"):
+                node(arrays)
+            return
+    pytest.fail("every size tried picks the same variant")
+
+
+def test_out_tensors_receive_the_results_on_the_cpu():
+    module = load_module(TOY)
+    compiled = CompiledModel(model_ir(TOY))
+    x, y = (t.clone() for t in module.example_inputs)
+    out = torch.empty_like(x)
+    got = compiled.run(x, y, out=[out])
+    assert got is out and torch.equal(out, eager_on_cpu(module.model, (x, y)))
+    with pytest.raises(InputError, match=r"out\[0\] must be a contiguous"):
+        compiled.run(x, y, out=[torch.empty(3)])
+
+
+def test_a_part_no_kernel_writes_shows_as_poison_not_as_zeros():
+    """A kernel writing the first half of a torch.empty buffer the model returns whole: eager holds
+    whatever the allocator left; the compiled model, evaluated, holds NaN there, so a comparison
+    points at the unwritten part instead of passing on a lucky zero."""
+    never_wrong = load_module(ROOT / "tests" / "models" / "never_wrong.py")
+    compiled = kl.compile(never_wrong.HalfWritten(), never_wrong._x(6), arch=90)
+    got = compiled.run(never_wrong._x(6)[0])
+    assert not torch.isnan(got[:3]).any() and torch.isnan(got[3:]).all()
+
+
+def test_a_folder_runs_in_a_process_that_never_imported_the_model(tmp_path):
+    """The kernels' text from the IR (no module of the model imported): evaluated on the CPU, the
+    same values as eager; a text whose hash is not the recorded one is refused."""
+    module = load_module(TOY)
+    compiled = CompiledModel(model_ir(TOY))
+    compiled.write(tmp_path / "ok")
+    script = ("import json, sys, torch, kernel_lens as kl\n"
+              "assert 'toy_two_kernels' not in sys.modules\n"
+              "m = kl.load(sys.argv[1])\n"
+              "x = torch.linspace(-2, 2, 40); y = torch.linspace(1, -1, 40)\n"
+              "print(json.dumps(m.run(x, y).tolist()))\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "ok")], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    want = eager_on_cpu(module.model, (torch.linspace(-2, 2, 40), torch.linspace(1, -1, 40)))
+    assert json.loads(proc.stdout.splitlines()[-1]) == want.tolist()
+    doc = json.loads((tmp_path / "ok" / f"{compiled.ir.name}.ir.json").read_text())
+    kernel = next(iter(doc["kernels"].values()))
+    kernel["source"]["text"] = kernel["source"]["text"].replace("x + y", "x - y")
+    bad = GraphIR.model_validate(doc)
+    CompiledModel(bad).write(tmp_path / "tampered")
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "tampered")],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0 and "does not match its recorded hash" in proc.stderr
+
+
+def test_a_kernel_text_naming_something_not_triton_is_refused():
+    from kernel_lens.frontends.source import jit_from_ir
+
+    ir = model_ir(TOY)
+    source = next(iter(ir.kernels.values())).source
+    odd = source.model_copy(update={"qualname": "nowhere_module.add_kernel",
+                                    "callees": {**source.callees, "os": "os.system"}})
+    with pytest.raises(KernelSourceError, match="is not Triton's"):
+        jit_from_ir(odd, {})
