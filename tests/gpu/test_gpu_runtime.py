@@ -312,3 +312,38 @@ def test_on_the_legacy_default_stream_ort_waits_for_the_callers_earlier_work():
             got = compiled.run(x, y)
             torch.cuda.synchronize()
             assert torch.equal(got, _cuda(module)(new, y))
+
+
+def test_a_first_launch_inside_a_capture_still_gives_cublas_its_workspace_later():
+    """Item 16: kl_ort.cpp gives the cuBLAS handle ORT runs GEMMs with a workspace of its own at
+    a kernel instance's first launch outside a stream capture (inside one nothing may be
+    allocated). A session whose first Run is captured by the caller gives it at the next plain
+    launch: a later capture then holds no memory alloc/free node (cuBLAS's cudaMallocAsync)."""
+    from kernel_lens.runtime.cuda_graph import node_kinds
+
+    module = load_module(EXAMPLES / "llama_block.py")  # ORT MatMuls (cuBLAS) and Triton kernels
+    compiled = _compiled(module)
+    inputs = [t.cuda() for t in module.example_inputs]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    # ORT synchronizes the device while it opens a session: open this stream's session first
+    compiled.runner().session(torch.cuda.current_device(), stream.cuda_stream)
+    first = torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.cuda.graph(first, stream=stream, capture_error_mode="relaxed"):
+        compiled.run(*inputs)  # the session's first Run: every kernel's first launch is captured
+    kinds = node_kinds(first.raw_cuda_graph())
+    assert "mem_alloc" in kinds, kinds  # the premise: a handle without a workspace allocates
+    with torch.cuda.stream(stream):
+        want = compiled.run(*inputs)  # outside a capture: the handle gets its workspace now
+    stream.synchronize()
+    again = torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.cuda.graph(again, stream=stream, capture_error_mode="relaxed"):
+        got = compiled.run(*inputs)
+    kinds = node_kinds(again.raw_cuda_graph())
+    print(f"llama_block captured after a captured first Run: {kinds}")
+    assert kinds.get("kernel", 0) > 3
+    assert "mem_alloc" not in kinds and "mem_free" not in kinds, kinds
+    again.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(flatten(got), flatten(want)):
+        assert torch.equal(_bits(a), _bits(b))
