@@ -14,7 +14,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from kernel_lens.errors import InputError
+from kernel_lens.errors import InputError, KernelLensError
 from kernel_lens.runtime import ort as ort_runtime
 from kernel_lens.runtime.signature import REMEMBERED, CallSignature, layout
 
@@ -346,3 +346,17 @@ def test_a_kept_binding_given_the_same_pointer_with_another_shape_is_rebound(tmp
     assert fake.runs[-1][runner.ir.inputs[0]] == (x.data_ptr(), (2, 5, x.shape[-1]))
     again = runner.run(x)  # and back: the whole tensor's shape again
     assert fake.runs[-1] == _held(runner, x, again)
+
+
+def test_a_session_is_never_opened_inside_a_capture(tmp_path, monkeypatch):
+    """Opening an ORT session synchronizes the device, which a stream capture forbids (ORT then
+    falls back to its CPU EP and names a missing kernel): refused in one line naming the fix."""
+    module, runner, fake = _runner("rmsnorm", tmp_path, monkeypatch)
+    opened = []
+    monkeypatch.setattr(runner._ort, "InferenceSession", lambda *a, **k: opened.append(a))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(KernelLensError, match="inside a CUDA graph capture.*call run\\(\\) once"):
+        runner.session(0, 7)
+    assert not opened and (0, 7) not in runner._sessions
+    runner.run(module.example_inputs[0].clone())  # an open session runs inside a capture
+    assert len(fake.runs) == 1

@@ -31,6 +31,9 @@ copy nothing. Two ways to capture (``cuda_graph=``):
   checked to keep it exact);
 * ``"ort"``: ORT's own CUDA-graph mode (run option ``gpu_graph_id``), each call going through
   ``Run``.
+
+A plain ``run()`` may also be captured by the caller's own ``torch.cuda.graph`` once the session of
+that stream is open (one ``run()`` on it before): ORT synchronizes the device while it opens one.
 """
 
 from __future__ import annotations
@@ -224,6 +227,11 @@ class OrtModel:
         key = (index, stream)
         state = self._sessions.get(key)
         if state is None:
+            if torch.cuda.is_current_stream_capturing():
+                raise KernelLensError(
+                    f"cannot open an ONNX Runtime session for {self.onnx_path} inside a CUDA graph "
+                    f"capture (ORT synchronizes the device while it opens one): call run() once on "
+                    f"this stream before capturing, or use cuda_graph=True")
             so = self._ort.SessionOptions()
             so.log_severity_level = 3  # errors only
             _unchanged(self.library_path, "plugin library")
