@@ -669,3 +669,35 @@ def test_a_cache_root_whose_parent_someone_else_can_write_is_refused(parent, tmp
         return
     with pytest.raises(CacheError, match=r"the folder holding it .*(owned by uid 4321|without the sticky bit)"):
         kl_cache.cache_folder("aot")
+
+
+@pytest.mark.parametrize("user", ["kernel cache", "plugin-library cache"])
+@pytest.mark.parametrize("above", ["world-writable", "another user's"])
+def test_a_cache_root_with_a_folder_above_its_parent_others_can_write_is_refused(above, user, tmp_path,
+                                                                                 monkeypatch):
+    """Issue 42 item 5: whoever can write any folder on the way to the cache root can swap the
+    whole subtree; refused for the small-entry caches and for the plugin libraries alike (a
+    sticky /tmp-like folder on the way is fine: the root itself is private)."""
+    from kernel_lens.toolchain import cache as kl_cache
+
+    top = tmp_path / "top"
+    (top / "mine").mkdir(parents=True)
+    for folder in (top, top / "mine"):
+        folder.chmod(0o755)
+    if above == "another user's":
+        if os.geteuid() != 0:
+            pytest.skip("chown to another user needs root")
+        os.chown(top, 4321, 4321)
+    else:
+        top.chmod(0o777)
+    root = top / "mine" / "cache"
+    monkeypatch.setenv("KERNEL_LENS_CACHE", str(root))
+    use = (lambda: kl_cache.cache_folder("aot")) if user == "kernel cache" else \
+        (lambda: build_shared_library("kl_above", {"a.cpp": SIMPLE_SOURCE}, include_dirs=[]))
+    with pytest.raises(CacheError, match=rf"refusing the build cache root {root}: .*\({top}, above it\) is "
+                                         r"(owned by uid 4321|writable by group or others without the sticky bit)"):
+        use()
+    top.chmod(0o1777)  # sticky, as /tmp: the folders below it cannot be renamed by others
+    if above == "another user's":
+        os.chown(top, os.geteuid(), os.getegid())
+    assert use().exists()

@@ -46,7 +46,7 @@ from typing import Iterator, Mapping, Sequence
 
 from kernel_lens.errors import BuildError, CacheError, ToolchainError
 from kernel_lens.fileio import atomic_write, umask
-from kernel_lens.toolchain.cache import (CACHE_HINT, FAILED, build_cache_dir, cache_folder,
+from kernel_lens.toolchain.cache import (CACHE_HINT, FAILED, cache_folder, cache_root,
                                          entry_problem, record_hash, trusted_folder)
 from kernel_lens.toolchain.compilers import find_cxx, toolchain_id
 from kernel_lens.toolchain.headers import header_fingerprint, include_folder_problem
@@ -183,7 +183,7 @@ def build_shared_library(name: str, sources: dict[str, str], *, include_dirs: li
                              f"(kernel_lens fetch-headers fetches them so)")
     flags = [*CXX_FLAGS, *extra_flags]
     key = _cache_key(name, sources, flags, includes, toolchain_id(cxx), key_extra)
-    root = trusted_folder(build_cache_dir(cache_dir), "build cache root", create=True)
+    root = cache_root(cache_dir)  # the plugin-library cache: private, and so is the way to it
     key_dir = root / key[:16]
     lib = key_dir / f"{name}.so"
     if os.path.lexists(key_dir):

@@ -87,19 +87,36 @@ def folder_problem(st: os.stat_result, path: Path) -> str | None:
 
 
 def parent_problem(path: str | Path) -> str | None:
-    """Why the folder holding a cache root must not be trusted, or None: it must be the current
-    user's or root's, and writable by others only with the sticky bit (as ``/tmp``), so no one
-    else can rename the root away and put their own in its place after it was checked."""
-    real = os.path.realpath(path)
-    try:
-        st = os.stat(real)
-    except OSError as exc:
-        return f"cannot be inspected ({exc.strerror})"
-    if st.st_uid not in (os.geteuid(), 0):
-        return f"({real}) is owned by uid {st.st_uid}, neither you (uid {os.geteuid()}) nor root"
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
-        return f"({real}) is writable by group or others without the sticky bit (mode {stat.S_IMODE(st.st_mode):o})"
+    """Why the folder holding a cache root must not be trusted, or None: it and every folder above
+    it must be the current user's or root's, and writable by others only with the sticky bit (as
+    ``/tmp``), so no one else can rename the root (or a folder on its way) away and put their own
+    in its place after it was checked."""
+    real = Path(os.path.realpath(path))
+    for folder in (real, *real.parents):
+        try:
+            st = os.stat(folder)
+        except OSError as exc:
+            return f"({folder}) cannot be inspected ({exc.strerror})"
+        where = f"({folder})" if folder == real else f"({folder}, above it)"
+        if st.st_uid not in (os.geteuid(), 0):
+            return f"{where} is owned by uid {st.st_uid}, neither you (uid {os.geteuid()}) nor root"
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+            return (f"{where} is writable by group or others without the sticky bit "
+                    f"(mode {stat.S_IMODE(st.st_mode):o})")
     return None
+
+
+def cache_root(root: str | Path | None = None) -> Path:
+    """The build cache root (:func:`build_cache_dir`), made if missing, refused
+    (:class:`CacheError`) unless it is private (:func:`trusted_folder`) and the folders holding
+    it are trusted (:func:`parent_problem`)."""
+    path = trusted_folder(build_cache_dir(root), "build cache root", create=True)
+    problem = parent_problem(path.parent)
+    if problem:
+        raise CacheError(f"refusing the build cache root {path}: the folder holding it {problem} "
+                         f"(whoever can write there can swap the root between a check and a use); "
+                         f"{CACHE_HINT}")
+    return path
 
 
 def trusted_folder(path: str | Path, what: str, *, create: bool = False,
@@ -127,12 +144,7 @@ def trusted_folder(path: str | Path, what: str, *, create: bool = False,
 def cache_folder(*names: str, root: str | Path | None = None) -> Path:
     """``<root>/<names...>``, the root and each folder below it made if missing and checked with
     :func:`trusted_folder` (root: :func:`build_cache_dir`)."""
-    path = trusted_folder(build_cache_dir(root), "build cache root", create=True)
-    problem = parent_problem(path.parent)
-    if problem:
-        raise CacheError(f"refusing the build cache root {path}: the folder holding it {problem} "
-                         f"(whoever can write there can swap the root between a check and a use); "
-                         f"{CACHE_HINT}")
+    path = cache_root(root)
     for name in names:
         path = trusted_folder(path / name, f"cache folder {name!r}", create=True)
     return path
