@@ -354,6 +354,7 @@ def test_a_session_is_never_opened_inside_a_capture(tmp_path, monkeypatch):
     module, runner, fake = _runner("rmsnorm", tmp_path, monkeypatch)
     opened = []
     monkeypatch.setattr(runner._ort, "InferenceSession", lambda *a, **k: opened.append(a))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     with pytest.raises(KernelLensError, match="inside a CUDA graph capture.*call run\\(\\) once"):
         runner.session(0, 7)

@@ -227,7 +227,7 @@ class OrtModel:
         key = (index, stream)
         state = self._sessions.get(key)
         if state is None:
-            if torch.cuda.is_current_stream_capturing():
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
                 raise KernelLensError(
                     f"cannot open an ONNX Runtime session for {self.onnx_path} inside a CUDA graph "
                     f"capture (ORT synchronizes the device while it opens one): call run() once on "
