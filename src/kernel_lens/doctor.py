@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Callable
 
 from .toolchain import headers as toolchain_headers
-from .toolchain.build import build_cache_dir
+from .toolchain.cache import build_cache_dir
 from .toolchain.compilers import find_cxx, find_nvcc
 from .toolchain.ptx_isa import find_ptxas
 from .version import __version__
