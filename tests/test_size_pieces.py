@@ -231,3 +231,39 @@ def test_truth_pieces_refuse_several_sizes_and_too_many_changes():
     with pytest.raises(Exception, match="changes truth more than"):
         sf.truth_pieces(sympy.Eq(_s % 2, 0), {_s: ValueRanges(2, 1000)})
     assert triton.cdiv(100, 64) == 2  # the corpus's fast path is for n <= 64 only
+
+
+# --- issue 42 item 3: a piece table is checked when it is loaded --------------------------------
+def _with_boxes(compiled, change) -> str:
+    import json
+
+    doc = json.loads(compiled.ir.to_json())
+    change(doc["pieces"])
+    return json.dumps(doc)
+
+
+@pytest.mark.parametrize("change, match", [
+    # rows 2..47 overlaps the piece of rows 48: run() would take the first, the ONNX graph both
+    (lambda p: p[0]["when"][0]["ranges"].update(rows=[2, 48]), r"pieces 0 and 2 overlap \(both serve {'n': 2, 'rows': 48}\)"),
+    # rows 2..40: sizes 41..47 with n <= 64 are served by no piece
+    (lambda p: p[0]["when"][0]["ranges"].update(rows=[2, 40]),
+     r"leave sizes of the declared ranges \(n in \[2, 4096\], rows in \[2, 1024\]\) in no piece"),
+    (lambda p: p[1]["when"][0]["ranges"].update(rows=[47, 2]), r"piece 1: rows in \[47, 2\] is empty"),
+    (lambda p: p[5]["when"][0]["ranges"].update(n=[65, 2 ** 62]), r"piece 5: n in \[65, 4611686018427387904\] "
+                                                                   r"is empty or outside the declared range \[2, 4096\]"),
+    (lambda p: p[4]["when"][0]["ranges"].update(rows=[0, 1024]), r"piece 4: rows in \[0, 1024\] is empty or outside"),
+    (lambda p: p[0]["when"].append({"ranges": {"n": [2, 3]}}), "pieces 0 and 0 overlap"),
+])
+def test_a_piece_table_that_overlaps_leaves_gaps_or_leaves_the_ranges_is_refused(compiled, change, match):
+    with pytest.raises(IRError, match=match):
+        GraphIR.from_json(_with_boxes(compiled, change))
+
+
+def test_a_piece_table_tiling_the_ranges_in_another_order_or_split_differently_loads(compiled):
+    def regroup(pieces):
+        pieces.reverse()  # another order: each size is still in exactly one box
+        pieces[0]["when"] = [{"ranges": {"rows": [49, 500], "n": [65, 4096]}},
+                             {"ranges": {"rows": [501, 1024], "n": [65, 4096]}}]
+    ir = GraphIR.from_json(_with_boxes(compiled, regroup))
+    assert ir.piece_for({"rows": 700, "n": 100}) is ir.pieces[0].graph
+    assert ir.piece_for({"rows": 2, "n": 2}) is ir.pieces[-1].graph

@@ -129,3 +129,45 @@ def test_a_node_output_shorter_than_the_argument_is_refused_at_the_boundary():
     view = root.view(4, 6)[1:, ::2]
     assert compare_written("out_ptr", root[:23].clone(), view).exact
     assert "laid out unlike" in compare_written("out_ptr", root[:22].clone(), view).problem
+
+
+def test_no_size_past_the_cap_whatever_the_ranges_and_pieces_say():
+    """Issue 42 item 4: a piece or range starting above the cap gets no point (and a note); every
+    point but the example lies within the cap."""
+    from kernel_lens.verify import above_cap
+
+    ir = model_ir(CORPUS / "size_branches.py")
+    example = {s: info.example for s, info in ir.symbols.items()}
+    sets = size_sets(ir, cap=50)
+    assert sets[0] == example and len(sets) == 8  # min, odd, max, and the ends of pieces 0, 2, 4
+    assert all(v <= 50 for point in sets[1:] for s, v in point.items() if v != example[s])
+    assert {point["rows"] for point in sets[1:]} == {2, 27, 47, 48, 49, 50} and \
+        {point["n"] for point in sets[1:]} <= {2, 27, 50, 64, example["n"]}
+    assert above_cap(ir, 50) == [f"size piece {k}: it starts at n=65, above the cap 50 (--max-size)"
+                                 for k in (1, 3, 5)]
+
+
+def test_verify_of_a_folder_claiming_huge_sizes_allocates_nothing_past_the_cap(monkeypatch):
+    """Issue 42 item 4: the sizes verify makes inputs for come from the model file's examples and
+    the cap, never from the folder's word (its example or minimum)."""
+    import json
+
+    import kernel_lens.verify as kl_verify
+    from kernel_lens.ir import GraphIR
+
+    module = load_module(EXAMPLES / "toy_two_kernels.py")
+    doc = json.loads(model_ir(EXAMPLES / "toy_two_kernels.py").to_json())
+    (name,) = doc["symbols"]
+    doc["symbols"][name].update(example=2 ** 40, min=2 ** 30, max=None)
+    compiled = CompiledModel(GraphIR.from_json(json.dumps(doc)))
+    asked = []
+    real = kl_verify.inputs_at
+
+    def recording(ir, example, spec, names, sizes):
+        asked.append(dict(sizes))
+        return real(ir, example, spec, names, sizes)
+    monkeypatch.setattr(kl_verify, "inputs_at", recording)
+    report = verify(module.model, module.example_inputs, module.dynamic_shapes, compiled, ["x", "y"], cap=64)
+    example = module.example_inputs[0].shape[0]
+    assert asked == [{name: example}]  # the model file's example size, and nothing else
+    assert not report.ok and f"its range starts at {2 ** 30}, above the cap 64" in report.text()

@@ -110,28 +110,53 @@ class Report:
         return "\n".join(lines)
 
 
-def size_sets(ir: GraphIR, cap: int = MAX_SIZE) -> list[dict[str, int]]:
-    """The example's sizes, then every size at its minimum, at an odd size inside its range and
-    at its maximum (capped at ``cap``), then both ends of every size piece (the other sizes at
-    the example's); duplicates dropped."""
-    example = {s: info.example for s, info in ir.symbols.items()}
+def size_sets(ir: GraphIR, cap: int = MAX_SIZE, example: dict[str, int] | None = None) -> list[dict[str, int]]:
+    """The example's sizes (``example``, else the IR's), then every size at its minimum, at an odd
+    size inside its range and at its maximum, then both ends of every size piece (the other sizes
+    at the example's); duplicates dropped. No size but the example's is above ``cap``, whatever
+    the IR says: a range or piece starting above it gets no point (see :func:`above_cap`)."""
+    example = example if example is not None else {s: info.example for s, info in ir.symbols.items()}
     sets = [example]
     for pick in ("min", "odd", "max"):
         point = {}
         for s, info in ir.symbols.items():
-            hi = min(info.max if info.max is not None else cap, max(cap, info.min))
+            hi = min(cap, info.max if info.max is not None else cap)
             value = {"min": info.min, "max": hi, "odd": (info.min + hi) // 2 | 1}[pick]
             point[s] = max(info.min, min(value, hi))
-        if point not in sets:
+        if point not in sets and all(v <= cap for v in point.values()):
             sets.append(point)
     for piece in ir.pieces:  # both ends of every piece: where a piece's graph is least proven
         for box in piece.when:
             for end in (0, 1):
                 point = dict(example)
-                point.update({s: min(r[end], max(cap, r[0])) for s, r in box.ranges.items()})
-                if point not in sets:
+                point.update({s: max(r[0], min(r[end], cap)) for s, r in box.ranges.items()})
+                if point not in sets and all(point[s] <= cap for s in box.ranges):
                     sets.append(point)
     return sets
+
+
+def above_cap(ir: GraphIR, cap: int) -> list[str]:
+    """What :func:`size_sets` cannot check under ``cap``: ranges and pieces starting above it."""
+    notes = [f"sizes of {s}: its range starts at {info.min}, above the cap {cap} (--max-size)"
+             for s, info in ir.symbols.items() if info.min > cap]
+    notes += [f"size piece {k}: it starts at {s}={r[0]}, above the cap {cap} (--max-size)"
+              for k, piece in enumerate(ir.pieces) for box in piece.when
+              for s, r in box.ranges.items() if r[0] > cap and ir.symbols[s].min <= cap]
+    return notes
+
+
+def example_sizes(ir: GraphIR, inputs: Any) -> dict[str, int]:
+    """The sizes of the example inputs the model file gives (symbol -> value): what the verify
+    of a folder starts from, never the folder's own word for them."""
+    flat = _flat(inputs)
+    sizes = {}
+    for s, info in ir.symbols.items():
+        shape = flat[info.input].shape if info.input < len(flat) else ()
+        if info.dim >= len(shape):
+            raise InputError(f"the artifacts read size {s} from input {info.input} dim {info.dim}, "
+                             f"which the model file's example inputs lack: not this model's artifacts")
+        sizes[s] = (shape[info.dim] - info.offset) // info.scale
+    return sizes
 
 
 def cpu_points(ir: GraphIR, example_inputs: tuple, spec: Any, budget: int) -> list[dict[str, int]]:
@@ -221,8 +246,9 @@ def verify(model: Any, example_inputs: tuple, dynamic_shapes: Any, compiled: Com
     elif "ort.onnx" not in compiled.artifacts or "ort.library" not in compiled.artifacts:
         not_checked.append("per-launch results: they are read through the ORT artifacts, which "
                            "this folder lacks (compile with --target ort)")
+    not_checked += above_cap(ir, cap)
     eager_model = copy.deepcopy(model).cuda() if gpu and isinstance(model, torch.nn.Module) else model
-    for sizes in size_sets(ir, cap):
+    for sizes in size_sets(ir, cap, example_sizes(ir, example_inputs)):
         check = SizeCheck(sizes)
         sets.append(check)
         try:

@@ -15,7 +15,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from ..archs import names as arch_names
 from ..errors import IRError, SymbolicError
 from ..fileio import atomic_write
-from .kernel import Base64Bytes, ConstexprValue, KernelIR
+from .kernel import Arch, Base64Bytes, ConstexprValue, KernelIR, ParamKind
 from .names import Identifier, MAX_NAME
 from .symbolic import SymbolInfo, SymExpr, parse, symbol
 from .types import DType
@@ -30,6 +30,10 @@ MAX_OPS = 65_536
 MAX_LAUNCHES = 4_096
 MAX_KERNELS = 1_024
 MAX_PIECES = 64
+MAX_BOXES = 256  # size boxes across all pieces
+MAX_DEPTH = 64  # JSON nesting (a real document nests about 12 deep; pydantic's checks of a deeply
+                # nested union cost time that grows with every level past ~250)
+UNBOUNDED = 1 << 62  # the top of a declared range with no max, in a size box
 
 
 class _Model(BaseModel):
@@ -194,6 +198,41 @@ def _check_scalar(order: int, kernel: KernelIR, arg: "LaunchArg") -> None:
                          f"{dtype.value} value (kernel {kernel.name}'s parameter type)")
 
 
+def _check_launch(launch: "Launch", kernel: KernelIR, names: set[str]) -> None:
+    """A launch's own names: each argument a distinct parameter of its kernel, a tensor
+    descriptor's shape and strides as long as its rank, every expression over declared symbols,
+    and dispatch conditions on the launch's own guards."""
+    where = f"launch {launch.order} ({kernel.name})"
+    seen: set[str] = set()
+    for arg in launch.args:
+        try:
+            param = kernel.param(arg.name)
+        except KeyError:
+            raise ValueError(f"{where}: argument {arg.name!r} is not a parameter of the kernel") from None
+        if arg.name in seen or param.kind == ParamKind.tuple:
+            raise ValueError(f"{where}: argument {arg.name!r} is bound twice or is a whole tuple")
+        seen.add(arg.name)
+        if param.kind == ParamKind.tensordesc and not (
+                len(arg.desc_shape or ()) == len(arg.desc_strides or ()) == param.rank):
+            raise ValueError(f"{where}: tensor descriptor {arg.name!r} of rank {param.rank} has "
+                             f"{len(arg.desc_shape or ())} shape and {len(arg.desc_strides or ())} "
+                             f"stride entries")
+        texts = [arg.expr, arg.storage_offset, *(arg.shape or ()), *(arg.strides or ()),
+                 *(arg.desc_shape or ()), *(arg.desc_strides or ())]
+        _declared(where, f"argument {arg.name!r}", [t for t in texts if t is not None], names)
+    _declared(where, "guards", list(launch.guards.values()), names)
+    for case in launch.dispatch:
+        unknown = set(case.when) - set(launch.guards)
+        if unknown:
+            raise ValueError(f"{where}: dispatch on {sorted(unknown)}, which are not guards of the launch")
+
+
+def _declared(where: str, what: str, texts: list[str], names: set[str]) -> None:
+    unknown = {s.name for text in texts for s in parse(text).free_symbols} - names
+    if unknown:
+        raise ValueError(f"{where}: {what} uses undeclared symbols {sorted(unknown)}")
+
+
 class GraphIR(_Model):
     """A model whose forward launches Triton kernels, lifted into data.
 
@@ -209,7 +248,7 @@ class GraphIR(_Model):
     display_name: str = Field(default="", max_length=4 * MAX_NAME,
                               description="the model's own name as the user wrote it (display only; "
                               "never used in a path, C++ or ONNX)")
-    arch: int = Field(description="compute capability the capture ran for; the kernels' binaries "
+    arch: Arch = Field(description="compute capability the capture ran for; the kernels' binaries "
                       "are built for it and for any further archs asked for (see built_archs)")
     symbols: dict[Identifier, SymbolInfo] = Field(
         default_factory=dict, max_length=MAX_SYMBOLS,
@@ -276,7 +315,37 @@ class GraphIR(_Model):
                 if owners.setdefault(kid, k) != k:
                     raise ValueError(f"kernel id {kid!r} is used by pieces {owners[kid]} and {k}; "
                                      f"kernel ids are unique across pieces")
+        self._pieces_tile_the_ranges()
         return self
+
+    def _pieces_tile_the_ranges(self) -> None:
+        """The pieces' boxes are non-empty, inside the declared ranges, pairwise disjoint, and
+        together cover every size of the declared ranges: a call's sizes fall in exactly one box,
+        so ``run()`` (the first piece that holds them) and the ONNX graph (each piece's ``If``,
+        the last one where no other matched) pick the same piece."""
+        boxes = [(k, box) for k, piece in enumerate(self.pieces) for box in piece.when]
+        if len(boxes) > MAX_BOXES:
+            raise ValueError(f"the pieces hold {len(boxes)} size boxes; at most {MAX_BOXES}")
+        named = sorted({s for _, box in boxes for s in box.ranges})
+        declared = {s: (self.symbols[s].min, UNBOUNDED if self.symbols[s].max is None
+                        else self.symbols[s].max) for s in named}
+        spans = []
+        for k, box in boxes:
+            for s, (lo, hi) in box.ranges.items():
+                if not declared[s][0] <= lo <= hi <= declared[s][1]:
+                    raise ValueError(f"piece {k}: {s} in [{lo}, {hi}] is empty or outside the declared "
+                                     f"range [{declared[s][0]}, {self.symbols[s].max}]")
+            spans.append((k, [box.ranges.get(s, declared[s]) for s in named]))
+        for i, (k, a) in enumerate(spans):
+            for j, b in spans[i + 1:]:
+                if all(lo <= hi2 and lo2 <= hi for (lo, hi), (lo2, hi2) in zip(a, b)):
+                    raise ValueError(f"pieces {k} and {j} overlap (both serve "
+                                     f"{dict(zip(named, (max(x[0], y[0]) for x, y in zip(a, b))))}); "
+                                     f"a size must fall in exactly one piece")
+        volume = sum(math.prod(hi - lo + 1 for lo, hi in span) for _, span in spans)
+        if volume != math.prod(hi - lo + 1 for lo, hi in declared.values()):
+            ranges = ", ".join(f"{s} in [{self.symbols[s].min}, {self.symbols[s].max}]" for s in named)
+            raise ValueError(f"the pieces leave sizes of the declared ranges ({ranges}) in no piece")
 
     @model_validator(mode="after")
     def _archs_are_consistent(self) -> "GraphIR":
@@ -285,6 +354,10 @@ class GraphIR(_Model):
         built = {kid: sorted({b.arch for b in k.binaries}) for kid, k in self.all_kernels().items()
                  if k.binaries}
         first, want = next(iter(built.items()), (None, None))
+        bare = [kid for kid in self.all_kernels() if kid not in built]
+        if built and bare:
+            raise ValueError(f"kernel {bare[0]!r} has no binaries; kernel {first!r} has binaries for "
+                             f"{arch_names(want)}: every kernel is built for the same archs")
         for kid, archs in built.items():
             if archs != want:
                 raise ValueError(f"kernel {kid!r} has binaries for {arch_names(archs)} but kernel "
@@ -359,6 +432,7 @@ class GraphIR(_Model):
                 if unknown:
                     raise ValueError(f"launch {launch.order}: grid uses undeclared symbols {unknown}")
             kernel = self.kernels[launch.kernel]
+            _check_launch(launch, kernel, names)
             for arg in launch.args:
                 if arg.value is not None and arg.value not in self.values:
                     raise ValueError(f"launch {launch.order}: argument {arg.name!r} names tensor "
@@ -387,6 +461,10 @@ class GraphIR(_Model):
             raise IRError(f"IR is not valid JSON: {str(exc):.200}") from None
         except RecursionError:
             raise IRError("IR is not valid JSON: nested too deeply") from None
+        depth = _nesting(raw)
+        if depth > MAX_DEPTH:
+            raise IRError(f"IR document nests {depth} levels deep; an IR nests at most {MAX_DEPTH} "
+                          f"(a limit of kernel_lens, far past any real model): regenerate it")
         version = str(raw.get("schema_version", "")) if isinstance(raw, dict) else ""
         if version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
             raise IRError(
@@ -418,6 +496,22 @@ class GraphIR(_Model):
 
 
 SizePiece.model_rebuild()
+
+
+def _nesting(raw: object) -> int:
+    """How deeply the JSON value ``raw`` nests (a scalar: 0), counted without recursion and
+    stopping once past MAX_DEPTH."""
+    deepest, stack = 0, [(raw, 1)]
+    while stack:
+        value, depth = stack.pop()
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > MAX_DEPTH:
+            return deepest
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def json_schema() -> dict:

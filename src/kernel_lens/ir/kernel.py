@@ -6,14 +6,26 @@ import base64
 from enum import Enum
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, BeforeValidator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, BeforeValidator, model_validator
 
+from ..archs import SUPPORTED_ARCHS
 from .names import C_TYPES, Identifier
 from .types import DType
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, ser_json_inf_nan="constants")
+
+
+def _known_arch(value: int) -> int:
+    if value not in SUPPORTED_ARCHS:
+        raise ValueError(f"arch {value} is not a GPU architecture kernel_lens builds for "
+                         f"({', '.join(f'sm_{a}' for a in SUPPORTED_ARCHS)})")
+    return value
+
+
+Arch = Annotated[int, AfterValidator(_known_arch)]
+MAX_RANK = 5  # a tensor descriptor's rank at most (TMA's limit; the launch code's arrays)
 
 
 def _b64decode(value: object) -> bytes:
@@ -141,7 +153,16 @@ class KernelParam(_Model):
                              f"{len(self.items)} items")
         if (self.kind == ParamKind.tensordesc) != (self.block_shape is not None):
             raise ValueError(f"parameter {self.name}: a block shape belongs to tensor descriptors")
+        if self.block_shape is not None and not (1 <= len(self.block_shape) <= MAX_RANK
+                                                 and all(1 <= b <= 1 << 16 for b in self.block_shape)):
+            raise ValueError(f"tensor descriptor {self.name}: block shape {self.block_shape} must have "
+                             f"1 to {MAX_RANK} dims of 1 to 65536")
         return self
+
+    @property
+    def rank(self) -> int:
+        """A tensor descriptor's rank (its block shape's length); 0 for other parameters."""
+        return len(self.block_shape or ())
 
     @property
     def binds_tensor(self) -> bool:
@@ -192,17 +213,18 @@ class TmaMeta(_Model):
     """How a binary takes one tensor descriptor as a TMA descriptor (Triton's
     ``metadata.tensordesc_meta`` entry); the launcher encodes a CUtensorMap with these."""
 
-    swizzle: int
-    elem_size: int
-    elem_type: int = Field(description="the CUtensorMapDataType the device code expects")
-    block_size: list[int]
+    swizzle: int = Field(ge=0, le=63, description="the CUtensorMapSwizzle (the driver checks it)")
+    elem_size: Literal[1, 2, 4, 8]
+    elem_type: int = Field(ge=0, le=63, description="the CUtensorMapDataType the device code expects")
+    block_size: list[Annotated[int, Field(ge=1, le=256)]] = Field(
+        min_length=1, max_length=MAX_RANK, description="the box: one size per dim of the descriptor")
     fp4_padded: bool = False
 
 
 class KernelBinary(_Model):
     """One compiled binary of the kernel for one arch under one set of assumptions."""
 
-    arch: int = Field(description="compute capability, e.g. 90")
+    arch: Arch = Field(description="compute capability, e.g. 90")
     specialized: bool = Field(
         description="True: compiled under the assumptions in KernelIR.params' specializations; "
         "False: the generic binary, valid for any input"
@@ -263,6 +285,35 @@ class KernelIR(_Model):
             raise ValueError(f"kernel {self.name}: parameter names must be unique")
         return self
 
+    @model_validator(mode="after")
+    def _binaries_fit_the_signature(self) -> "KernelIR":
+        """Every name a binary uses is a parameter that can carry it, and every index into a
+        tensor descriptor lies within its rank: the launch code is generated from these fields
+        into fixed-size arrays, so a document must not be able to point past them."""
+        leaves = {p.name: p for p in self.leaves()}
+        descriptors = [p for p in leaves.values() if p.kind == ParamKind.tensordesc]
+        for name in self.specialization:
+            _runtime_param(self, leaves, name, "specialization")
+        for i, b in enumerate(self.binaries):
+            where = f"kernel {self.name} binary {i}"
+            for name in b.assumptions:
+                _runtime_param(self, leaves, name, f"{where} assumptions")
+            for name in b.int_types:
+                if _runtime_param(self, leaves, name, f"{where} int_types").kind != ParamKind.scalar:
+                    raise ValueError(f"{where}: int_types names {name!r}, which is not a scalar")
+            metas = b.tensordesc_meta
+            if metas is not None and len(metas) != len(descriptors):
+                raise ValueError(f"{where}: tensordesc_meta has {len(metas)} entries for "
+                                 f"{len(descriptors)} tensor descriptors")
+            tma = {p.name: m for p, m in zip(descriptors, metas or []) if m is not None}
+            for p, meta in ((p, tma[p.name]) for p in descriptors if p.name in tma):
+                if len(meta.block_size) != p.rank:
+                    raise ValueError(f"{where}: TMA block size {meta.block_size} for tensor "
+                                     f"descriptor {p.name!r} of rank {p.rank}")
+            for abi in b.abi:
+                _check_abi(where, leaves, tma, abi)
+        return self
+
     def leaves(self) -> list[KernelParam]:
         """The parameters a launch binds, in signature order with tuples flattened: every
         tensor, scalar, constexpr and tensor descriptor (tuples themselves are not listed)."""
@@ -274,3 +325,43 @@ class KernelIR(_Model):
                 if p.name == name:
                     return p
         raise KeyError(f"kernel {self.name} has no parameter {name!r}")
+
+
+def _runtime_param(kernel: KernelIR, leaves: dict, name: str, field: str) -> KernelParam:
+    """The parameter ``name`` that ``field`` names: one the kernel takes at run time."""
+    param = leaves.get(name)
+    if param is None or param.kind == ParamKind.constexpr:
+        raise ValueError(f"kernel {kernel.name}: {field} names {name!r}, which is not a "
+                         f"{'run-time ' if param is not None else ''}parameter of the kernel")
+    return param
+
+
+_SCRATCH = ("global_scratch", "profile_scratch")
+
+
+def _check_abi(where: str, leaves: dict, tma: dict, abi: AbiParam) -> None:
+    """One entry-point parameter against the kernel's signature (see AbiParam)."""
+    what = f"{where}: ABI parameter {abi.name!r} ({abi.part})"
+    if abi.hidden:
+        if abi.name not in _SCRATCH or abi.c_type != "void*" or abi.part != "value" or abi.dim is not None:
+            raise ValueError(f"{what}: hidden parameters are Triton's {' and '.join(_SCRATCH)} pointers")
+        return
+    param = leaves.get(abi.name)
+    if param is None or param.kind == ParamKind.constexpr:
+        raise ValueError(f"{what} is not a run-time parameter of the kernel")
+    descriptor = param.kind == ParamKind.tensordesc
+    if abi.part != "value" and not descriptor:
+        raise ValueError(f"{what}: only tensor descriptors have parts")
+    if abi.part in ("shape", "stride"):
+        if abi.dim is None or not 0 <= abi.dim < param.rank:
+            raise ValueError(f"{what}: dim {abi.dim} outside the descriptor's rank {param.rank}")
+    elif abi.dim is not None:
+        raise ValueError(f"{what}: only shape and stride parts have a dim")
+    if abi.part == "tma" and (abi.c_type != "CUtensorMap" or abi.name not in tma):
+        raise ValueError(f"{what}: a TMA descriptor is a CUtensorMap with TMA metadata")
+    if abi.part != "tma" and abi.c_type == "CUtensorMap":
+        raise ValueError(f"{what}: only a descriptor's tma part is a CUtensorMap")
+    if param.binds_tensor and abi.part == "value" and abi.c_type != "void*":
+        raise ValueError(f"{what}: a pointer's C type is void*, not {abi.c_type}")
+    if param.kind == ParamKind.scalar and abi.c_type == "void*":
+        raise ValueError(f"{what}: a scalar is not passed as a pointer")

@@ -26,12 +26,12 @@ from ... import progress
 from ...errors import KernelLensError, SizeBranchError, TraceError
 from .export import SizeBranch
 from ...ir import GraphIR, SizeBox, SizePiece, SymbolInfo, TensorValue, evaluate, parse
+from ...ir.graph import UNBOUNDED  # the top of a declared range with no max, in a cell
 from ...ir.names import is_identifier
 
 log = logging.getLogger(__name__)
 
 MAX_PIECES = 8  # graphs one model may be split into
-UNBOUNDED = 1 << 62  # the top of a declared range with no max, in a cell
 
 Dim_ = tuple[int, int]  # (graph input index, dim)
 Cell = dict[Dim_, tuple[int, int]]  # input dim -> [lo, hi]
