@@ -39,12 +39,12 @@ def _all() -> dict[str, int | None]:
     return codes
 
 
-def sample(n: int, seed: int = 0, since: str | None = None) -> list[str]:
+def sample(n: int, seed: int = 0, since: str | None = None, until: str = "HEAD") -> list[str]:
     """``n`` mutants drawn uniformly (``seed``); with ``since`` (a date or commit) only from
-    functions with a line added or changed since then (``git diff`` of the sources)."""
+    functions with a line added or changed from then to ``until`` (``git diff`` of the sources)."""
     names = sorted(_all())
     if since is not None:
-        touched = _touched_functions(since)
+        touched = _touched_functions(since, until)
         names = [m for m in names if _function_of(m) in touched]
     return sorted(random.Random(seed).sample(names, min(n, len(names))))
 
@@ -59,8 +59,9 @@ def _function_of(name: str) -> tuple[str, str]:
     return module, rest.removeprefix("_")
 
 
-def _touched_functions(since: str) -> set[tuple[str, str]]:
-    """(module, qualified function) of every function of src/ with an added line since ``since``."""
+def _touched_functions(since: str, until: str = "HEAD") -> set[tuple[str, str]]:
+    """(module, qualified function) of every function of src/ with an added line from ``since``
+    to ``until`` (commits; the sources are read as ``until`` has them)."""
     import ast
     import re
 
@@ -68,7 +69,7 @@ def _touched_functions(since: str) -> set[tuple[str, str]]:
     if re.fullmatch(r"\d{4}-\d{2}-\d{2}", since):  # a date: the last commit before it
         base = subprocess.run(["git", "rev-list", "-1", f"--before={since} 00:00", "HEAD"], cwd=ROOT,
                               capture_output=True, text=True, check=True).stdout.strip()
-    diff = subprocess.run(["git", "diff", "-U0", base, "HEAD", "--", "src"], cwd=ROOT,
+    diff = subprocess.run(["git", "diff", "-U0", base, until, "--", "src"], cwd=ROOT,
                           capture_output=True, text=True, check=True).stdout
     added: dict[str, set[int]] = {}
     path = None
@@ -82,7 +83,8 @@ def _touched_functions(since: str) -> set[tuple[str, str]]:
     touched = set()
     for path, lines in added.items():
         module = path.removeprefix("src/").removesuffix(".py").replace("/", ".").removesuffix(".__init__")
-        tree = ast.parse((ROOT / path).read_text())
+        tree = ast.parse(subprocess.run(["git", "show", f"{until}:{path}"], cwd=ROOT, capture_output=True,
+                                        text=True, check=True).stdout)
         for node, owner in _functions(tree):
             if lines & set(range(node.lineno, node.end_lineno + 1)):
                 touched.add((module, f"{owner}.{node.name}" if owner else node.name))
@@ -176,11 +178,12 @@ def collect(names_file: Path) -> dict:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "sample":  # sample N [SEED] [--since DATE|COMMIT]
+    if sys.argv[1] == "sample":  # sample N [SEED] [--since DATE|COMMIT] [--until COMMIT]
         args = sys.argv[2:]
-        since = args[args.index("--since") + 1] if "--since" in args else None
-        plain = [a for i, a in enumerate(args) if a != "--since" and (i == 0 or args[i - 1] != "--since")]
-        print("\n".join(sample(int(plain[0]), int(plain[1]) if len(plain) > 1 else 0, since)))
+        flags = {f: args[args.index(f) + 1] for f in ("--since", "--until") if f in args}
+        plain = [a for i, a in enumerate(args) if a not in flags and a not in flags.values()]
+        print("\n".join(sample(int(plain[0]), int(plain[1]) if len(plain) > 1 else 0,
+                               flags.get("--since"), flags.get("--until", "HEAD"))))
     elif sys.argv[1] == "collect":  # collect NAMES [OUT.json]
         result = collect(Path(sys.argv[2]))
         out = Path(sys.argv[3]) if len(sys.argv) > 3 else HERE / "results.json"
