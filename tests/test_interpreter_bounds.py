@@ -6,6 +6,9 @@ tests then fail for want of the error) or kill the interpreter with SIGSEGV (lar
 
 from __future__ import annotations
 
+import inspect
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -78,10 +81,17 @@ def _block_ptr_kernel(x_ptr, out_ptr, M, N, BM: tl.constexpr, BN: tl.constexpr,
         tl.store(dst, tl.load(src))
 
 
+def _line_of(kernel, text: str) -> int:
+    lines, first = inspect.getsourcelines(kernel.fn)
+    return first + next(i for i, line in enumerate(lines) if text in line)
+
+
 def test_dropped_mask_oob_load_names_kernel_parameter_and_element():
     x = torch.arange(100, dtype=torch.float32)
+    line = _line_of(_double_and_kernel, "v = tl.load(")  # issue 43: the user's kernel line
     with pytest.raises(CaptureError, match=r"^kernel _double_and_kernel: out-of-bounds load "
-                       r"in program \(0, 0, 0\): 28 of 128 active lanes .* \(lane 100\) is at "
+                       rf"in program \(0, 0, 0\) at {re.escape(__file__)}:{line}: "
+                       r"28 of 128 active lanes .* \(lane 100\) is at "
                        r"element 100 \(byte offset 400\) of the storage of parameter 'x_ptr' "
                        r"\(100 fp32 elements, 400 bytes\); a mask is missing or dropped") as info:
         interpret_launch(_double_and_kernel, (x, 100), {"BLOCK": 128}, (1,))
@@ -91,8 +101,10 @@ def test_dropped_mask_oob_load_names_kernel_parameter_and_element():
 
 def test_oob_store_is_caught_before_writing_far_away():
     x = torch.zeros(100)
+    line = _line_of(_fill_unmasked_kernel, "tl.store(")
     with pytest.raises(CaptureError, match=r"kernel _fill_unmasked_kernel: out-of-bounds store "
-                       r".* 28 of 128 active lanes .*element 100 .*'x_ptr'") as info:
+                       rf".* at {re.escape(__file__)}:{line}: "
+                       r"28 of 128 active lanes .*element 100 .*'x_ptr'") as info:
         interpret_launch(_fill_unmasked_kernel, (x,), {"BLOCK": 128}, (1,))
     _one_line(info.value)
 

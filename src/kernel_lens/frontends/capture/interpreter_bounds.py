@@ -40,11 +40,14 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 import torch
+import triton
 from triton.runtime import interpreter
 from triton.runtime.interpreter import InterpreterBuilder
 
@@ -161,7 +164,7 @@ class _Checker:
 
     def _message(self, op: str, address: int, lane: int, n_bad: int, n_active: int, size: int,
                  dtype: str, hit: int | None) -> str:
-        where = _program()
+        where = _program() + _kernel_line()
         head = (f"out-of-bounds {op}{where}: {n_bad} of {n_active} active lanes are outside "
                 f"every tensor argument")
         if not self.ranges:
@@ -205,6 +208,23 @@ def _itemsize(ptrs: Any) -> int:
         return max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
     except AttributeError:
         return 1
+
+
+# Where Triton, kernel_lens, numpy and torch live: the frames of the interpreter, not the kernel's.
+_INTERNAL = tuple(os.path.dirname(m.__file__) + os.sep for m in (triton, np, torch)) + \
+    (os.path.dirname(os.path.dirname(os.path.dirname(__file__))) + os.sep,)
+
+
+def _kernel_line() -> str:
+    """`` at FILE:LINE`` of the kernel's (or its @triton.jit helper's) line the interpreter is
+    running: the innermost frame outside Triton, kernel_lens, numpy and torch."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not path.startswith(_INTERNAL) and not path.startswith("<"):
+            return f" at {path}:{frame.f_lineno}"
+        frame = frame.f_back
+    return ""
 
 
 def _program() -> str:
