@@ -1,7 +1,9 @@
 """`kernel_lens export-triton --backend tensorrt` on a CPU-only host, with TensorRT-RTX's real
-builder (scripts/fetch_tensorrt_rtx.py): the export builds a serialized engine from the TensorRT
-target's ONNX graph and plugin library and writes a `tensorrt_plan` model whose config.pbtxt
-(parsed with Triton's own protobuf schema) agrees with the graph. A plain dlopen of the plugin library
+builder (scripts/fetch_tensorrt_rtx.py) importable: the export writes a `tensorrt_plan` model
+whose config.pbtxt (parsed with Triton's own protobuf schema) agrees with the graph, ships the
+graph and the plugins, and leaves the engine to `trtexec` on the serving GPU (the command it
+prints): there is no GPU here, and TensorRT-RTX's engines do not load in Triton's tensorrt backend.
+TensorRT-RTX builds an engine from the shipped graph and plugins below. A plain dlopen of the plugin library
 into TensorRT-RTX's process registers nothing (Triton's tensorrt backend loads
 `--backend-config=tensorrt,plugins=...` that way), which is why the export also writes a
 registration library. That one finds the loaded libnvinfer.so.10 with RTLD_NOLOAD and registers
@@ -93,11 +95,12 @@ def test_tensorrt_plan_export_and_plugin_registration(rtx, trt_headers, tmp_path
     assert not marker.exists()
     version = model_dir / "1"
     (shipped,) = [p for p in version.glob("libkl_ToyModel_trt_v3_*.so") if p != shim]
-    assert sorted(p.name for p in version.iterdir()) == sorted(["model.plan", shipped.name, shim.name])
+    # issue 43: no GPU here, and TensorRT-RTX's engines do not load in Triton's tensorrt backend:
+    # the graph and the plugins are shipped, the engine is left to trtexec on the serving GPU
+    assert sorted(p.name for p in version.iterdir()) == sorted(["model.onnx", shipped.name, shim.name])
     assert hashlib.sha256(shipped.read_bytes()).hexdigest()[:12] in shipped.name
     assert shipped.read_bytes() != library.read_bytes()  # built from the IR, not the planted file
-    assert (version / "model.plan").stat().st_size > 1000
-    assert "tensorrt_rtx_bindings" in (model_dir / "config.pbtxt").read_text()  # who built the engine
+    assert f"trtexec --onnx={version.absolute()}/model.onnx --dynamicPlugins={shipped.absolute()}" in proc.stderr
 
     script = tmp_path / "load.py"
     script.write_text(LOAD)
@@ -138,3 +141,30 @@ REGISTER = textwrap.dedent("""
         fake.fake_registered.restype = ctypes.c_char_p
         print("".join(sorted(fake.fake_registered().decode().splitlines(True))), end="")
 """)
+
+
+def test_a_cpu_host_export_ships_the_graph_and_the_trtexec_command_not_an_engine(trt_headers, tmp_path):
+    """Issue 43 item 3, without TensorRT installed: exit 0, one warning line naming the engine
+    left out, the filled-in trtexec command (the profile's min/opt/max shapes), no model.plan."""
+    from kernel_lens.codegen.profile import optimization_profile
+
+    module = load_module(MODELS["toy_two_kernels"])
+    out = tmp_path / "out"
+    compiled = kl.compile(module.model, tuple(t.clone() for t in module.example_inputs),
+                          dynamic_shapes=module.dynamic_shapes, arch=90, targets=["trt"], output_dir=out)
+    repo = tmp_path / "repo"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-m", "kernel_lens.cli", "export-triton", str(out), "-o", str(repo),
+                           "--backend", "tensorrt", "--name", "toy"], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    version = (repo / "toy" / "1").absolute()
+    assert not (version / "model.plan").exists() and (version / "model.onnx").is_file()
+    warning = [line for line in proc.stderr.splitlines() if "model.plan is not built" in line]
+    assert len(warning) == 1 and "no CUDA GPU on this host" in warning[0] and "trtexec" in warning[0]
+    (shipped,) = [p for p in version.glob("libkl_ToyModel_trt_v3_*.so") if not p.name.endswith("_register.so")]
+    ((name, dims),) = list(optimization_profile(compiled.ir).items())[:1]
+    shapes = ["x:{0},y:{0}".format("x".join(str(d[k]) for d in dims)) for k in range(3)]
+    assert (f"trtexec --onnx={version}/model.onnx --dynamicPlugins={shipped} --saveEngine={version}/model.plan "
+            f"--stronglyTyped --minShapes={shapes[0]} --optShapes={shapes[1]} --maxShapes={shapes[2]}") in proc.stderr
+    assert "model.plan was not built by the export (no CUDA GPU on this host)" in (repo / "toy" / "config.pbtxt").read_text()

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import ArtifactError, InputError
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # the CLI's parser imports this module for BACKENDS: no IR (pydantic, sympy) here
     from ..ir import GraphIR
@@ -171,33 +174,84 @@ class TensorRtBackend(TritonBackend):
         from ..runtime.trt import TrtModel  # lazy: torch and TensorRT, for this backend only
 
         version_folder(self.version_entries(source))  # names checked before the engine is built
-        engine = TrtModel(source.ir, source.onnx, source.library).build_engine()
         shim = registration_library(source.library_name)
+        why = engine_not_built_here()
+        if why is not None:  # what can be built: the graph and the plugins; the engine on the GPU
+            log.warning("%s: NAME/%s/%s is not built (%s); build it on the serving GPU with the "
+                        "trtexec command printed below", source.name, VERSION, self.ENGINE, why)
+            return {**version_folder(super().version_entries(source)), registration_name(source): shim}
+        engine = TrtModel(source.ir, source.onnx, source.library).build_engine()
         return {self.ENGINE: engine, source.library_name: source.library, registration_name(source): shim}
 
     def version_entries(self, source: CompiledArtifacts) -> list[tuple[str, str, Path | None]]:
         return [(self.ENGINE, f"the TensorRT engine {self.ENGINE}", None),
-                (source.library_name, f"the plugin library {source.library}", source.library),
+                *super().version_entries(source),
                 (registration_name(source), f"the registration library of {source.library}", None)]
 
     def config(self, source: CompiledArtifacts) -> BackendConfig:
         from ..runtime.trt import gpu_identity, import_tensorrt  # lazy: torch and TensorRT, this backend only
 
-        trt = import_tensorrt()
-        return BackendConfig(
-            platform="tensorrt_plan", instance_kind="KIND_GPU", default_model_filename=self.ENGINE,
-            notes=[f"engine built by {trt.__name__} {trt.__version__} for {gpu_identity()}: serve it with",
-                   "that TensorRT version on that GPU model. Load the plugins by starting tritonserver",
+        plugins = ["Load the plugins by starting tritonserver",
                    f"with --backend-config=tensorrt,plugins=<this folder>/{VERSION}/{registration_name(source)}",
-                   "(an absolute path; see docs/serving.md)."])
+                   "(an absolute path; see docs/serving.md)."]
+        why = engine_not_built_here()
+        if why is not None:
+            built = [f"{self.ENGINE} was not built by the export ({why}): build it on the serving",
+                     f"GPU with trtexec from {VERSION}/{MODEL_FILE} (the command the export printed)."]
+        else:
+            trt = import_tensorrt()
+            built = [f"engine built by {trt.__name__} {trt.__version__} for {gpu_identity()}: serve it with",
+                     "that TensorRT version on that GPU model."]
+        return BackendConfig(platform="tensorrt_plan", instance_kind="KIND_GPU",
+                             default_model_filename=self.ENGINE, notes=built + plugins)
 
     def deployment_notes(self, model_dir: Path, source: CompiledArtifacts) -> list[str]:
-        shim = (model_dir / VERSION / registration_name(source)).absolute()
-        return [f"start tritonserver with --backend-config=tensorrt,plugins={shim}: it registers the "
-                f"plugins of {source.library_name} with Triton's TensorRT (LD_PRELOAD does not: TensorRT "
-                f"must be loaded first)",
-                "the engine runs only with the TensorRT version and on the GPU model it was built for "
-                "(see config.pbtxt's header); re-export on the serving machine otherwise"]
+        version = (model_dir / VERSION).absolute()
+        shim = version / registration_name(source)
+        notes = []
+        if engine_not_built_here() is not None:
+            notes.append("build the engine on the serving GPU (the TensorRT version Triton runs): "
+                         + trtexec_command(source.ir, version / MODEL_FILE, version / source.library_name,
+                                           version / self.ENGINE))
+        return notes + [
+            f"start tritonserver with --backend-config=tensorrt,plugins={shim}: it registers the "
+            f"plugins of {source.library_name} with Triton's TensorRT (LD_PRELOAD does not: TensorRT "
+            f"must be loaded first)",
+            "the engine runs only with the TensorRT version and on the GPU model it was built for "
+            "(see config.pbtxt's header); re-export on the serving machine otherwise"]
+
+
+def engine_not_built_here() -> str | None:
+    """Why this host cannot build an engine Triton's tensorrt backend loads, or None. An engine is
+    specific to the GPU and the TensorRT version it was built with: without a CUDA GPU there is
+    none to build for, and TensorRT-RTX's engines (which it builds without a GPU) run only with
+    TensorRT-RTX, not with the TensorRT that Triton's tensorrt backend links."""
+    import importlib.util
+
+    import torch  # lazy: the export of the other backends does not need it
+
+    if not torch.cuda.is_available():
+        return "no CUDA GPU on this host"
+    if importlib.util.find_spec("tensorrt") is None:
+        return ("the tensorrt package is not installed here (TensorRT-RTX's engines do not load in "
+                "Triton's tensorrt backend)")
+    return None
+
+
+def trtexec_command(ir: GraphIR, onnx_path: Path, library: Path, engine: Path) -> str:
+    """The ``trtexec`` command that builds ``engine`` from ``onnx_path`` with the plugins of
+    ``library``, over the IR's optimization profile (min/opt/max of every dynamic input), as the
+    export would (a strongly typed network: the graph's own types)."""
+    from ..codegen.profile import optimization_profile  # lazy: sympy
+
+    profile = optimization_profile(ir)
+    shapes = [",".join(f"{name}:{'x'.join(str(d[k]) for d in dims) or '1'}" for name, dims in profile.items()
+                       if any(d[0] != d[2] for d in dims)) for k in range(3)]
+    command = ["trtexec", f"--onnx={onnx_path}", f"--dynamicPlugins={library}", f"--saveEngine={engine}",
+               "--stronglyTyped"]
+    if shapes[0]:
+        command += [f"--minShapes={shapes[0]}", f"--optShapes={shapes[1]}", f"--maxShapes={shapes[2]}"]
+    return shlex.join(command)
 
 
 def version_folder(entries: list[tuple[str, str, Path | None]]) -> dict[str, Path]:
