@@ -29,6 +29,7 @@ import jinja2
 from google.protobuf import text_encoding
 from pydantic import BaseModel, ConfigDict
 
+from .. import progress
 from ..errors import ArtifactError, InputError, OutputPathError
 from ..fileio import atomic_copy, atomic_write, ensure_folder, inside, process_alive, umask
 from ..ir import GraphIR
@@ -60,7 +61,8 @@ class TritonExport(BaseModel):
 def _compiled(directory: str | Path, kind: TritonBackend) -> tuple[CompiledArtifacts, GraphIR]:
     from ..compiler import load  # lazy: torch and triton (seconds to import); nothing else here needs them
 
-    compiled = load(directory)  # validates the manifest: every path lies inside the folder
+    with progress.stage(f"read {directory}"):
+        compiled = load(directory)  # validates the manifest: every path lies inside the folder
     target = next((t for t in kind.targets
                    if f"{t}.onnx" in compiled.artifacts and f"{t}.library" in compiled.artifacts), None)
     if target is None:
@@ -72,7 +74,8 @@ def _compiled(directory: str | Path, kind: TritonBackend) -> tuple[CompiledArtif
     if kind.opens_library:  # the folder is data: build the graph and library from its IR instead
         from ..compiler import CompiledModel, _compile_into_cache  # lazy: see load above
 
-        rebuilt = _compile_into_cache(CompiledModel(compiled.ir), [target])
+        with progress.stage(f"build the {target} graph and library from the IR"):
+            rebuilt = _compile_into_cache(CompiledModel(compiled.ir), [target])
         onnx_path, library = rebuilt.artifacts[f"{target}.onnx"], rebuilt.artifacts[f"{target}.library"]
     check_file_name(library.name, f"{directory}: library file name", "recompile into the folder")
     check_name(library.stem, f"{directory}: library file name", "recompile into the folder")
@@ -239,12 +242,14 @@ def export_triton(directory: str | Path, repository: str | Path, *, name: str | 
     interface = read_interface(source.onnx, ir, max_batch_size)
     config = kind.config(source)
     text = render_config(name, source, interface, config, kind.name, instances)
-    files = kind.version_files(source)
+    with progress.stage(f"{kind.name} backend files"):
+        files = kind.version_files(source)
     provenance = {"kernel_lens": __version__, "backend": kind.name, "model": source.name,
                   "target": source.target,
                   "files": {f: _sha256(p) for f, p in files.items()}}
     repository = ensure_folder(repository)
-    model_dir = _write_model_dir(repository, name, text, files, provenance)
+    with progress.stage(f"write {Path(repository) / name}"):
+        model_dir = _write_model_dir(repository, name, text, files, provenance)
     log.info("exported %s to %s (%s backend)", source.name, model_dir, kind.name)
     return TritonExport(name=name, backend=kind.name, model_dir=model_dir, config=model_dir / "config.pbtxt",
                         files={f: model_dir / VERSION / f for f in files}, interface=interface,
