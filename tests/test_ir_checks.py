@@ -134,14 +134,29 @@ def test_dispatch_and_assumption_names_that_name_nothing_are_refused(toy_doc):
     _refused(doc, r"argument 'x_ptr' uses undeclared symbols \['ghost'\]")
 
 
-def test_a_launch_argument_that_is_no_parameter_or_bound_twice_is_refused(toy_doc):
+def test_a_launch_argument_that_is_no_parameter_bound_twice_or_missing_is_refused(toy_doc):
     doc = _copy(toy_doc)
     doc["launches"][0]["args"][0]["name"] = "nope"
-    _refused(doc, "argument 'nope' is not a parameter of the kernel")
+    _refused(doc, r"binds \['nope', .*; the kernel's parameters are \['x_ptr', ")
     doc = _copy(toy_doc)
     args = doc["launches"][0]["args"]
     args.append(dict(args[0]))
-    _refused(doc, "argument 'x_ptr' is bound twice")
+    _refused(doc, r"binds \['x_ptr', .*'x_ptr'\]; the kernel's parameters")
+    doc = _copy(toy_doc)
+    doc["launches"][0]["args"].pop()
+    _refused(doc, "one argument each, in signature order")
+
+
+@pytest.mark.parametrize("name, role, match", [
+    ("x_ptr", "scalar", "a tensor parameter takes input or output or inplace"),
+    ("n_elements", "input", "a scalar parameter takes scalar"),
+    ("BLOCK_SIZE", "scalar", "a constexpr parameter takes constexpr"),
+])
+def test_a_role_the_parameter_kind_cannot_take_is_refused(toy_doc, name, role, match):
+    doc = _copy(toy_doc)
+    arg = next(a for a in doc["launches"][0]["args"] if a["name"] == name)
+    arg["role"] = role
+    _refused(doc, rf"argument {name!r} has role {role!r}; {match}")
 
 
 # --- item 4: bounded costs ---------------------------------------------------------------------

@@ -198,20 +198,26 @@ def _check_scalar(order: int, kernel: KernelIR, arg: "LaunchArg") -> None:
                          f"{dtype.value} value (kernel {kernel.name}'s parameter type)")
 
 
+_ROLES = {ParamKind.tensor: ("input", "output", "inplace"), ParamKind.tensordesc: ("input", "output", "inplace"),
+          ParamKind.scalar: ("scalar",), ParamKind.constexpr: ("constexpr",)}
+
+
 def _check_launch(launch: "Launch", kernel: KernelIR, names: set[str]) -> None:
-    """A launch's own names: each argument a distinct parameter of its kernel, a tensor
+    """A launch's own names: one argument per parameter of its kernel, in order, with a role its
+    kind takes, a tensor
     descriptor's shape and strides as long as its rank, every expression over declared symbols,
     and dispatch conditions on the launch's own guards."""
     where = f"launch {launch.order} ({kernel.name})"
-    seen: set[str] = set()
-    for arg in launch.args:
-        try:
-            param = kernel.param(arg.name)
-        except KeyError:
-            raise ValueError(f"{where}: argument {arg.name!r} is not a parameter of the kernel") from None
-        if arg.name in seen or param.kind == ParamKind.tuple:
-            raise ValueError(f"{where}: argument {arg.name!r} is bound twice or is a whole tuple")
-        seen.add(arg.name)
+    leaves = kernel.leaves()
+    if [a.name for a in launch.args] != [p.name for p in leaves]:
+        raise ValueError(f"{where}: binds {[a.name for a in launch.args]}; the kernel's parameters "
+                         f"are {[p.name for p in leaves]} (one argument each, in signature order)")
+    for arg, param in zip(launch.args, leaves):
+        if arg.role is not None and arg.role not in _ROLES[param.kind]:
+            raise ValueError(f"{where}: argument {arg.name!r} has role {arg.role!r}; a "
+                             f"{param.kind.value} parameter takes {' or '.join(_ROLES[param.kind])}")
+        if param.binds_tensor and arg.role is not None and arg.value is None:
+            raise ValueError(f"{where}: tensor argument {arg.name!r} names no value")
         if param.kind == ParamKind.tensordesc and not (
                 len(arg.desc_shape or ()) == len(arg.desc_strides or ()) == param.rank):
             raise ValueError(f"{where}: tensor descriptor {arg.name!r} of rank {param.rank} has "
