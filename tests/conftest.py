@@ -1,5 +1,6 @@
 import atexit
 import importlib.util
+import json
 import os
 import shutil
 import sys
@@ -163,6 +164,15 @@ def model_ir(path: Path):
                                       dynamic_shapes=getattr(module, "dynamic_shapes", None),
                                       arch=90, roles=getattr(module, "roles", None)).ir
     return _MODEL_IRS[path]
+
+
+def reseal_manifest(folder: Path) -> None:
+    """Record a folder's artifacts, as they are now, in a new manifest: a test that edits an
+    artifact on purpose reaches the checks past load's sha256 check (which refuses any edit)."""
+    from kernel_lens.artifact_folder import MANIFEST, write_manifest  # after the cache env is set
+
+    manifest = json.loads((Path(folder) / MANIFEST).read_text())
+    write_manifest(Path(folder), manifest["name"], {k: Path(v) for k, v in manifest["artifacts"].items()})
 
 
 # What ONNX Runtime's CPU EP says once it has loaded and resolved a kernel_lens graph with the

@@ -24,7 +24,7 @@ from kernel_lens import _gc, cli, doctor
 from kernel_lens.errors import BuildError
 from kernel_lens.model_file import load_model_file
 
-from conftest import CORPUS, EXAMPLES
+from conftest import CORPUS, EXAMPLES, reseal_manifest
 
 TOY = str(EXAMPLES / "toy_two_kernels.py")
 
@@ -235,6 +235,7 @@ def test_invalid_ir_is_one_line_and_the_details_come_with_debug(toy_folder, tmp_
     doc = json.loads(ir_path.read_text())
     doc["arch"], doc["name"] = "x", 5
     ir_path.write_text(json.dumps(doc))
+    reseal_manifest(folder)  # past load's sha256 check, to the IR's own validation
     status, _, err = run("export-triton", str(folder), "-o", str(tmp_path / "repo"))
     line = one_line_error(status, err, "IRError", "ArtifactError")  # the folder's IR
     assert "ToyModel.ir.json" in line and "more lines: run again with --debug" in line, line

@@ -25,7 +25,7 @@ from kernel_lens.runtime.ort import OrtModel
 from kernel_lens.runtime.signature import CallSignature
 from kernel_lens.targets.base import Target
 
-from conftest import EXAMPLES, model_ir
+from conftest import EXAMPLES, model_ir, reseal_manifest
 
 LIB = "libkl_ToyModel_ort.so"
 
@@ -208,6 +208,7 @@ def test_symbol_reading_outside_the_inputs_is_refused_at_load(folder, toy_ir, fi
     with pytest.raises(IRError, match=message):
         GraphIR.from_json(json.dumps(doc))
     (folder / "ToyModel.ir.json").write_text(json.dumps(doc))
+    reseal_manifest(folder)  # as a hostile folder's author would: past the sha256 check
     with pytest.raises(ArtifactError, match=message):
         kl.load(folder)
 
@@ -263,9 +264,11 @@ def test_deeply_nested_ir_is_an_artifact_error(folder):
     with pytest.raises(IRError, match="nested too deeply"):
         GraphIR.from_json(deep)
     (folder / "ToyModel.ir.json").write_text(deep)
+    reseal_manifest(folder)
     with pytest.raises(ArtifactError, match=r"ToyModel.ir.json.*nested too deeply"):
         kl.load(folder)
     (folder / "ToyModel.ir.json").write_text('{"schema_version": "1.2", "arch": ' + "9" * 5000 + "}")
+    reseal_manifest(folder)
     with pytest.raises(ArtifactError, match=r"ToyModel.ir.json.*not valid JSON"):
         kl.load(folder)
 

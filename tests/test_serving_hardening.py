@@ -39,7 +39,7 @@ from kernel_lens.serving.export import render_config
 from kernel_lens.serving.interface import ModelInterface
 from kernel_lens.serving.tritonserver import TritonInstall, TritonServer, group_sockets, listening_sockets
 
-from conftest import EXAMPLES, ROOT, load_module
+from conftest import EXAMPLES, ROOT, load_module, reseal_manifest
 from test_serving_triton import _model_py
 
 FAKE = ROOT / "tests" / "serving" / "fake_tritonserver.py"
@@ -147,6 +147,7 @@ def test_an_external_data_file_named_like_the_graph_is_refused(compiled, tmp_pat
     model.graph.initializer.append(tensor)
     onnx.save(model, str(graph_path))
     (compiled / "model.onnx").write_bytes(b"\0\0\0\0")
+    reseal_manifest(compiled)  # past load's sha256 check, to the export's own
     with pytest.raises(ArtifactError, match=r"the external data file .*model\.onnx of .* is named "
                                             r"'model.onnx', as is the ONNX graph's copy model.onnx"):
         export_triton(compiled, tmp_path / "repo", name="toy", backend="python")
@@ -171,6 +172,7 @@ def test_a_marker_link_does_not_make_a_user_folder_an_export(toy, tmp_path):
 def test_a_corrupt_onnx_graph_is_one_typed_line(compiled, tmp_path, data):
     graph_path = compiled / _manifest(compiled)["artifacts"]["ort.onnx"]
     graph_path.write_bytes(data)
+    reseal_manifest(compiled)
     with pytest.raises(ArtifactError, match=r"recompile") as err:
         export_triton(compiled, tmp_path / "repo", name="toy")
     assert str(graph_path) in str(err.value) and "\n" not in str(err.value)

@@ -34,7 +34,7 @@ from kernel_lens.errors import InputError, OutputPathError
 from kernel_lens.serving import export_triton
 from kernel_lens.serving.tritonserver import TritonServer, find_install
 
-from conftest import ROOT, corpus_files, example_files, load_module
+from conftest import ROOT, corpus_files, example_files, load_module, reseal_manifest
 
 MODELS = {p.stem: p for p in [*corpus_files(), *example_files()]}
 SERVING = ROOT / "tests" / "serving"
@@ -215,6 +215,7 @@ def test_two_models_of_one_class_name_share_no_library_name(toy, tmp_path):
     manifest = json.loads((other / "kernel_lens.json").read_text())
     library = other / manifest["artifacts"]["ort.library"]
     library.write_bytes(library.read_bytes() + b"\0")  # another model's library, same class name
+    reseal_manifest(other)
     repo = tmp_path / "repo"
     first, second = export_triton(toy, repo, name="first"), export_triton(other, repo, name="second")
     again = export_triton(toy, repo, name="again")

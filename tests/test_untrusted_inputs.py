@@ -22,7 +22,7 @@ from kernel_lens.ir import GraphIR, format_expr, parse, symbol
 from kernel_lens.ir.names import safe_identifier
 from kernel_lens.ir.symbolic import MAX_SIZE_EXPONENT, PATTERN
 
-from conftest import EXAMPLES, ROOT, load_module
+from conftest import EXAMPLES, ROOT, load_module, reseal_manifest
 
 toy = load_module(EXAMPLES / "toy_two_kernels.py")
 
@@ -159,6 +159,7 @@ def test_malicious_ir_json_runs_nothing(toy_compiled, tmp_path):
         if p.is_file():
             (folder / p.name).write_bytes(p.read_bytes())
     (folder / f"{compiled.ir.name}.ir.json").write_text(text)
+    reseal_manifest(folder)  # as the document's author would: past the sha256 check
     with pytest.raises(ArtifactError, match="pattern|IR grammar"):
         kl.load(folder)
     assert not SENTINEL.exists()

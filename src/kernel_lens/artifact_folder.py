@@ -1,24 +1,35 @@
 """An output folder's safety: the manifest (written last, read through checked descriptors),
-the staging folder a build is made in and moved from, and the rules for reading a folder back.
-:func:`kernel_lens.compiler.load` and :meth:`CompiledModel.write` are the users; what is
-trusted and why is in docs/security.md."""
+the staging folder a build is made in and moved from, the lock that lets one build at a time
+move in, and the rules for reading a folder back. :func:`kernel_lens.compiler.load` and
+:meth:`CompiledModel.write` are the users; what is trusted and why is in docs/security.md.
+
+The manifest records one build: a build id and the sha256 of every artifact it names, so a
+folder whose files come from two builds (or were edited since) is refused at load."""
 
 from __future__ import annotations
 
 import errno
+import fcntl
+import hashlib
 import json
 import os
+import re
 import reprlib
 import shutil
 import stat
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from . import progress
 from .errors import ArtifactError, OutputPathError
 from .fileio import atomic_write, inside, process_alive, subfolder, umask
 
 MANIFEST = "kernel_lens.json"
+LOCK = ".kernel_lens.lock"  # flock'ed while a build moves in; never an artifact, never removed
 MAX_ARTIFACTS = 64  # entries a manifest may name (a compile writes a few per target)
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 STAGING_PREFIX = ".kl-staging-"
@@ -70,12 +81,51 @@ def _listed(directory: Path) -> set[Path]:
     return listed
 
 
+@contextmanager
+def one_writer(directory: Path) -> Iterator[None]:
+    """Hold ``directory``'s write lock (``flock`` on its :data:`LOCK` file, a regular file opened
+    without following a link), so builds finishing into one folder move in one after the other;
+    a second writer waits for the first, reported as a progress stage."""
+    path = inside(directory, LOCK)
+    flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o644 & ~umask())
+    except OSError as exc:
+        why = "it is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
+        raise OutputPathError(f"cannot open the output folder's lock file {shown(path)}: {why}; "
+                              f"remove it (it is recreated)") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OutputPathError(f"the output folder's lock file {shown(path)} is not a regular "
+                                  f"file; remove it (it is recreated)")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            with progress.stage(f"wait for another build writing into {directory}"):
+                fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
 def move_in(staging: Path, directory: Path) -> None:
-    """Move a complete build from ``staging`` into ``directory``: the old manifest first out,
-    each file in by rename, the files only the old manifest listed removed, the manifest last."""
-    old = _listed(directory)
+    """Move a complete build from ``staging`` into ``directory``, holding the folder's lock
+    (:func:`one_writer`): the old manifest first out, each file in by rename, the files only the
+    old manifest listed removed, the manifest last."""
     made = {Path(top, name).relative_to(staging) for top, _, files in os.walk(staging)
             for name in files} - {Path(MANIFEST)}
+    if Path(LOCK) in made:
+        raise OutputPathError(f"a build wrote {LOCK!r}, the output folder's lock file; name the "
+                              f"artifact otherwise")
+    with one_writer(directory):
+        _move_in(staging, directory, made)
+
+
+def _move_in(staging: Path, directory: Path, made: set[Path]) -> None:
+    old = _listed(directory) - {Path(LOCK)}
     retract_manifest(directory)
     for rel in sorted(made):
         target = inside(directory, rel) if len(rel.parts) == 1 else \
@@ -109,9 +159,15 @@ def retract_manifest(directory: Path) -> None:
 
 
 def write_manifest(directory: Path, name: str, artifacts: dict[str, Path]) -> None:
-    """The folder's manifest: artifact kind -> path relative to the folder."""
+    """The folder's manifest: artifact kind -> path relative to the folder, kind -> the sha256
+    of that file as it is now (what :func:`read_folder` checks), and the build's id, a digest of
+    both (so a rebuild of the same model writes the same manifest, byte for byte)."""
+    root = Path(directory).resolve()
+    paths = {k: str(v) for k, v in artifacts.items()}
+    digests = {k: sha256_inside(root, root / v, f"artifact {k!r}") for k, v in paths.items()}
+    build = hashlib.sha256(json.dumps([name, paths, digests], sort_keys=True).encode()).hexdigest()
     atomic_write(inside(directory, MANIFEST),
-                 json.dumps({"name": name, "artifacts": {k: str(v) for k, v in artifacts.items()}}, indent=1))
+                 json.dumps({"name": name, "build": build, "artifacts": paths, "sha256": digests}, indent=1))
 
 
 def shown(name: object) -> str:
@@ -130,6 +186,25 @@ def read_inside(root: Path, path: Path, what: str, *, follow: bool = True) -> by
     opened without following a link (``follow``: its real path is opened instead, which must
     lie inside ``root``; otherwise a link there is refused), the descriptor must be a regular
     file (no fifo, device or folder), and where it really is is read back from the descriptor."""
+    chunks = []
+    with _checked_descriptor(root, path, what, follow) as fd:
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def sha256_inside(root: Path, path: Path, what: str, *, follow: bool = True) -> str:
+    """The sha256 (hex) of ``path``, read in chunks through a descriptor checked as
+    :func:`read_inside`'s is."""
+    digest = hashlib.sha256()
+    with _checked_descriptor(root, path, what, follow) as fd:
+        while chunk := os.read(fd, 1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@contextmanager
+def _checked_descriptor(root: Path, path: Path, what: str, follow: bool) -> Iterator[int]:
     target = Path(os.path.realpath(path)) if follow else path
     if not target.is_relative_to(root):
         raise ArtifactError(f"{what} {shown(path)} resolves outside {shown(root)} (through a "
@@ -153,10 +228,7 @@ def read_inside(root: Path, path: Path, what: str, *, follow: bool = True) -> by
         if not real.is_relative_to(root):
             raise ArtifactError(f"{what} {shown(path)} was opened outside {shown(root)}; "
                                 f"refusing to read it")
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
+        yield fd
     finally:
         os.close(fd)
 
@@ -180,9 +252,11 @@ def _manifest_path(directory: Path, manifest_path: Path, kind: object, rel: obje
     return path
 
 
-def read_folder(directory: str | Path) -> tuple[Path, dict[str, Path]]:
-    """The real folder and the artifacts its manifest names (absolute paths, each a regular file
-    inside it), or the ArtifactError naming what is wrong and the fix."""
+def read_folder(directory: str | Path) -> tuple[Path, dict[str, Path], bytes]:
+    """The real folder, the artifacts its manifest names (absolute paths, each a regular file
+    inside it whose sha256 is the one the manifest records: all from one build) and the IR's
+    bytes (read once: what was checked is what is parsed), or the ArtifactError naming what is
+    wrong and the fix."""
     given = directory
     try:
         root = Path(directory).resolve(strict=True)
@@ -212,4 +286,21 @@ def read_folder(directory: str | Path) -> tuple[Path, dict[str, Path]]:
     missing = [shown(p) for p in artifacts.values() if not p.is_file()]
     if missing:
         raise ArtifactError(f"{shown(given)}: artifacts missing: {', '.join(missing)}")
-    return root, artifacts
+    recorded = manifest.get("sha256")
+    ir_text = b""
+    for kind, path in artifacts.items():
+        want = recorded.get(kind) if isinstance(recorded, dict) else None
+        if not isinstance(want, str) or not _SHA256.fullmatch(want):
+            raise ArtifactError(f"{shown(manifest_path)} records no sha256 for artifact {kind!r} "
+                                f"(written by an older kernel_lens, or by hand); recompile into "
+                                f"the folder")
+        if kind == "ir":
+            ir_text = read_inside(root, path, "IR document")
+            got = hashlib.sha256(ir_text).hexdigest()
+        else:
+            got = sha256_inside(root, path, f"artifact {kind!r}")
+        if got != want:
+            raise ArtifactError(f"artifact {kind!r} {shown(path)} is not the file the manifest "
+                                f"records (its sha256 differs: another build's file, or edited "
+                                f"since); recompile into the folder")
+    return root, artifacts, ir_text

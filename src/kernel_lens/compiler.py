@@ -20,8 +20,7 @@ import torch
 from . import progress
 from .archs import names as arch_names
 from .errors import ArtifactError, CacheError, InputError, IRError, KernelLensError, OutputPathError
-from .artifact_folder import (move_in, read_folder, read_inside, retract_manifest, shown, staging_folder,
-                              write_manifest)
+from .artifact_folder import move_in, read_folder, shown, staging_folder, write_manifest
 from .fileio import atomic_copy, atomic_write, check_folder, ensure_folder, inside, umask
 from .frontends.aot import compile_binary
 from .frontends.lift import lift_with_outputs
@@ -80,7 +79,8 @@ class CompiledModel:
 
         Everything is built in a staging folder beside ``directory`` (inside it when its parent
         cannot be written) and moved in only when complete, so an interrupted or failed build
-        leaves the folder as it was. The move removes the manifest first and writes it last;
+        leaves the folder as it was. The move holds the folder's lock (a second build finishing
+        into it waits), removes the manifest first and writes it last, recording each file's sha256;
         files an earlier build listed that this one does not make are removed (no orphans).
         File names come from the IR's name, a validated identifier; every path is checked to lie
         inside ``directory`` (links at those names are replaced)."""
@@ -224,14 +224,22 @@ class CompiledModel:
         return self._runners[key]
 
     def save(self, directory: str | Path) -> "CompiledModel":
-        """Copy the artifacts (and a manifest) into ``directory``; returns the saved model."""
+        """Copy the artifacts (and a manifest recording their sha256) into ``directory``;
+        returns the saved model. Staged and moved in as :meth:`write` does, under the folder's
+        lock, so a save racing a build into one folder never leaves a mix of the two."""
         directory = ensure_folder(directory)
-        retract_manifest(directory)
-        saved: dict[str, Path] = {}
-        for kind, path in self.artifacts.items():
-            saved[kind] = atomic_copy(path, inside(directory, path.name), mode=0o644 if path.suffix
-                                      != ".so" else 0o755).absolute()
-        write_manifest(directory, self.ir.name, {k: Path(v.name) for k, v in saved.items()})
+        staging = staging_folder(directory)
+        names: dict[str, Path] = {}
+        try:
+            for kind, path in self.artifacts.items():
+                atomic_copy(path, inside(staging, path.name), mode=0o644 if path.suffix != ".so" else 0o755)
+                names[kind] = Path(path.name)
+            write_manifest(staging, self.ir.name, names)
+            move_in(staging, directory)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        here = directory.absolute()
+        saved = {kind: here / name for kind, name in names.items()}
         return CompiledModel(self.ir, self.example_outputs, list(self.timings), saved, self.cuda_graph,
                              folder=directory.resolve())
 
@@ -249,11 +257,11 @@ def load(directory: str | Path, *, cuda_graph: bool = False) -> CompiledModel:
     descriptors checked to be regular files inside the folder. The folder is resolved once
     (``"."`` and ``""`` are the current folder) and every artifact path is stored absolute, so
     no runner ever hands a bare library name to the dynamic loader. Only the artifacts the
-    manifest names inside ``directory`` are used; a plugin library is opened later, by ``run``
-    (which checks the paths again first).
+    manifest names inside ``directory`` are used, each only if its sha256 is the one the
+    manifest records (all from the one build that wrote the manifest, unedited); a plugin
+    library is opened later, by ``run`` (which checks the paths again first).
     """
-    root, artifacts = read_folder(directory)
-    text = read_inside(root, artifacts["ir"], "IR document")
+    root, artifacts, text = read_folder(directory)  # each file checked against the manifest's sha256
     try:
         ir = GraphIR.from_json(text.decode("utf-8"))
     except UnicodeDecodeError as exc:
