@@ -109,6 +109,21 @@ def test_forward_that_raises_is_one_capture_error_line(tmp_path, run):
     assert not (tmp_path / "o").exists()
 
 
+def test_a_missing_example_input_is_refused_before_the_capture_naming_the_parameter(tmp_path, run):
+    """Issue 43 item 1: the forward's parameter left without an example, and the forward's own
+    file:line, before anything runs (the forward would leave a mark)."""
+    mark = tmp_path / "ran"
+    model = tmp_path / "two_inputs.py"
+    model.write_text("import torch\nclass M(torch.nn.Module):\n    def forward(self, x, scale, *, bias=0):\n"
+                     f"        open({str(mark)!r}, 'w').close()\n        return x * scale\n"
+                     "model = M()\nexample_inputs = (torch.randn(4),)\n")
+    for command in (["dump-ir", str(model)], ["compile", str(model), "-o", str(tmp_path / "o")]):
+        line = one_line_error(*run(*command)[::2], "InputError")
+        assert "example_inputs give 1 input(s) but forward(x, scale, *, bias=0)" in line, line
+        assert f"({model}:3) also needs 'scale'" in line, line
+    assert not mark.exists()
+
+
 @pytest.mark.parametrize("value, says", [
     ("[" * 20000 + "]" * 20000, "nested too deeply"),  # the JSON parser's RecursionError
     ('{"add_kernel": ' + '{"a": ' * 900 + '"input"' + "}" * 901, "must be a str, got dict"),

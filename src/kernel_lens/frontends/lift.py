@@ -33,7 +33,7 @@ from .capture.recorder import CapturedLaunch, capture, kernel_name
 from .trace.decompose import decompose, needs_decomposition, tensor_args
 from . import arguments
 from .trace import size_functions, size_pieces
-from .trace.shapes_check import check_dynamic_shapes
+from .trace.shapes_check import check_dynamic_shapes, check_forward_takes
 from .source import describe_kernel
 from .trace.export import LAUNCH_OP, TracedLaunch, is_user_file, located, trace
 
@@ -623,6 +623,7 @@ def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes:
     roles = check_roles(roles)
     if not callable(model):
         raise InputError(f"model must be a torch.nn.Module or a callable, got {type(model).__name__}")
+    check_forward_takes(model, example_inputs, _forward_line(model))  # before the capture
     display = name or getattr(model, "__name__", None) or type(model).__name__
 
     def lift_one(inputs: tuple, shapes: Any) -> tuple[GraphIR, Any]:

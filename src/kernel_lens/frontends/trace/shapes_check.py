@@ -70,6 +70,28 @@ def _check_tensor(name: str, tensor: torch.Tensor, spec: Any) -> None:
                 f"min={min(lo, size)}, max={size if size > hi else hi})")
 
 
+def check_forward_takes(model: Callable, example_inputs: tuple, where: str = "") -> None:
+    """:class:`InputError` naming the forward's parameter that ``example_inputs`` leave without a
+    value (or the count it cannot take), before anything runs; ``where``: the forward's file:line."""
+    fn = model.forward if isinstance(model, torch.nn.Module) else model
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*example_inputs)
+    except TypeError as exc:
+        params = [p for p in signature.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        missing = [p.name for p in params[len(example_inputs):] if p.default is p.empty]
+        at = f" ({where})" if where else ""
+        if missing:
+            raise InputError(f"example_inputs give {len(example_inputs)} input(s) but forward{signature}{at} "
+                             f"also needs {', '.join(repr(m) for m in missing)}: add an example tensor for "
+                             f"each (model files: example_inputs = (...))") from None
+        raise InputError(f"example_inputs give {len(example_inputs)} input(s); forward{signature}{at} "
+                         f"cannot take them ({exc})") from None
+
+
 def check_dynamic_shapes(model: Callable, example_inputs: tuple, dynamic_shapes: Any) -> None:
     """:class:`InputError` naming the culprit and the fix for a ``dynamic_shapes`` that cannot
     fit ``model``'s forward and ``example_inputs``; None when nothing cheap is wrong."""
