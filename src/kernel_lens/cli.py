@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
 import errno
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import time
 import traceback
+from contextlib import contextmanager
+from typing import Iterator
 
 from . import _gc, progress
 from .archs import parse_archs
@@ -218,6 +222,45 @@ def _add_verify(sub) -> None:
     check.add_argument("--atol", type=float, default=None, help="accept outputs within this absolute difference")
 
 
+@contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """While a model file is imported and run, what it (a library it imports, C code) writes to
+    stdout goes to stderr: stdout carries only kernel_lens's results (JSON, artifact paths).
+    Python's ``sys.stdout`` and file descriptor 1 are both redirected; buffered text is flushed
+    (to stderr) before they are restored."""
+    _flush(sys.stdout)
+    saved_fd = None
+    try:
+        saved_fd = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:  # fd 1 or 2 closed: nothing to keep clean, or nowhere else to write
+        if saved_fd is not None:
+            os.close(saved_fd)
+            saved_fd = None
+    saved, sys.stdout = sys.stdout, sys.stderr
+    try:
+        yield
+    finally:
+        _flush(sys.stdout)  # maybe replaced by the model file meanwhile
+        _flush(saved)  # sys.__stdout__, written to directly
+        try:
+            ctypes.CDLL(None).fflush(None)  # C stdio's buffered stdout
+        except (OSError, AttributeError):
+            pass
+        sys.stdout = saved
+        if saved_fd is not None:
+            os.dup2(saved_fd, 1)
+            os.close(saved_fd)
+
+
+def _flush(stream) -> None:
+    try:
+        if stream is not None:
+            stream.flush()
+    except (OSError, ValueError):  # closed: nothing of ours to keep
+        pass
+
+
 def _options(args: argparse.Namespace) -> dict:
     return {k: v for k, v in (("ptx_version", args.ptx_version), ("cuda_version", args.cuda_version)) if v}
 
@@ -261,14 +304,16 @@ def cmd_dump_ir(args: argparse.Namespace) -> int:
         from .compiler import lift
         from .summary import summarize
 
-        with progress.stage(f"load model {args.file}"):
-            mf = load_model_file(args.file)
-        ir = lift(mf.model, mf.example_inputs, arch=args.arch, **_shapes(args, mf),
-                  roles=args.roles or mf.roles, autotune=args.autotune or mf.autotune)
-        _report_dims(args, ir)
+        with _stdout_to_stderr():
+            with progress.stage(f"load model {args.file}"):
+                mf = load_model_file(args.file)
+            ir = lift(mf.model, mf.example_inputs, arch=args.arch, **_shapes(args, mf),
+                      roles=args.roles or mf.roles, autotune=args.autotune or mf.autotune)
+            _report_dims(args, ir)
         print(ir.to_json() if args.json else summarize(ir), end="\n" if args.json else "")
         return 0
-    compiled = _compile(args, stop_after=args.after)
+    with _stdout_to_stderr():
+        compiled = _compile(args, stop_after=args.after)
     print(compiled.ir.to_json() if args.json else compiled.summary(), end="\n" if args.json else "")
     return 0
 
@@ -303,9 +348,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.stop_after is not None and not args.target:
         raise KernelLensError("--stop-after names a target stage: give --target too")
     # target and stage names are checked once, by compile(), before the capture
-    compiled = _compile(args, targets=args.target, output_dir=out, stop_after=args.stop_after,
-                        dump_after=args.dump_after,
-                        dump=dump_to_dir(out / "dumps") if args.dump_after else None)
+    with _stdout_to_stderr():
+        compiled = _compile(args, targets=args.target, output_dir=out, stop_after=args.stop_after,
+                            dump_after=args.dump_after,
+                            dump=dump_to_dir(out / "dumps") if args.dump_after else None)
     for kind, path in compiled.artifacts.items():
         print(f"{kind}: {path}")
     if args.dump_after:
@@ -336,7 +382,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     tolerance = None
     if args.rtol is not None or args.atol is not None:
         tolerance = (args.rtol or 0.0, args.atol or 0.0)
-    report = verify_file(args.file, args.artifacts, cap=args.max_size, tolerance=tolerance)
+    with _stdout_to_stderr():
+        report = verify_file(args.file, args.artifacts, cap=args.max_size, tolerance=tolerance)
     print(report.text())
     return 0 if report.ok else 1
 
@@ -462,9 +509,13 @@ def _dispatch(args: argparse.Namespace) -> int:
                 "targets": cmd_targets, "fetch-headers": cmd_fetch_headers, "doctor": cmd_doctor,
                 "export-triton": cmd_export_triton, "verify": cmd_verify}
     try:
-        return handlers[args.command](args)
+        with _sigterm_stops():
+            return handlers[args.command](args)
     except KernelLensError as exc:
         return _report_error(exc, args.debug, 2)
+    except Terminated:
+        print("kernel_lens: terminated (SIGTERM)", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("kernel_lens: interrupted (Ctrl-C)", file=sys.stderr)
         return 130
@@ -478,6 +529,30 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _report_error(exc, args.debug, 2, os_error=True)
     except Exception as exc:  # noqa: BLE001 - a bug of ours: one line, the traceback under --debug
         return _report_error(exc, args.debug, 1, internal=True)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is: it stops as Ctrl-C does (a running compiler's
+    process group is killed, temporary files are removed), then exits with status 143."""
+
+
+def _raise_terminated(signum: int, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one does not cut the cleanup short
+    raise Terminated()
+
+
+@contextmanager
+def _sigterm_stops() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` (Python's default would end the process at once and
+    leave its children running); the previous handler is restored after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def _os_fix(exc: OSError) -> str:

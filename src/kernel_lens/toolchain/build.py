@@ -34,10 +34,8 @@ import logging
 import os
 import platform
 import shlex
-import signal
 import shutil
 import stat
-import subprocess
 import tempfile
 import time
 from contextlib import contextmanager
@@ -50,6 +48,7 @@ from kernel_lens.toolchain.cache import (CACHE_HINT, FAILED, cache_folder, cache
                                          entry_problem, record_hash, trusted_folder)
 from kernel_lens.toolchain.compilers import find_cxx, toolchain_id
 from kernel_lens.toolchain.headers import header_fingerprint, include_folder_problem
+from kernel_lens.toolchain.process_group import run_group
 
 log = logging.getLogger(__name__)
 
@@ -139,24 +138,6 @@ def _trim(text: str, keep_path: Path | str) -> str:
         return "\n".join(lines)
     return "\n".join(lines[:MAX_STDERR_LINES] +
                      [f"... [{len(lines) - MAX_STDERR_LINES} more lines in {keep_path}]"])
-
-
-def run_group(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
-    """``subprocess.run`` (output captured as text) in a process group of its own, all of which
-    is killed when this process stops waiting for any reason (Ctrl-C, an error): a compiler
-    driver's children (nvcc's cicc and ptxas, g++'s cc1plus) are not left running."""
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True, **kwargs) as proc:
-        try:
-            out, err = proc.communicate()
-        except BaseException:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
-            raise
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def build_shared_library(name: str, sources: dict[str, str], *, include_dirs: list[Path],

@@ -20,6 +20,7 @@ import subprocess
 from pathlib import Path
 
 from kernel_lens.errors import ToolchainError
+from kernel_lens.toolchain.process_group import run_group
 
 
 def which(name: str) -> str | None:
@@ -110,7 +111,7 @@ def toolchain_id(cxx: str) -> str:
 def _toolchain_id(cxx: str, real: str, signature: tuple[int, ...]) -> str:
     del signature  # only part of the cache key
     try:
-        proc = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60)
+        proc = run_group([cxx, "--version"], timeout=60)  # ends with kernel_lens
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ToolchainError(f"cannot run '{cxx} --version': {exc}; set KERNEL_LENS_CXX to a "
                              "working C++ compiler") from None

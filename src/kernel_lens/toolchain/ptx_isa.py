@@ -17,6 +17,7 @@ import tempfile
 
 from kernel_lens.errors import PtxIsaError
 from kernel_lens.toolchain.compilers import find_cuda_tool
+from kernel_lens.toolchain.process_group import run_group
 
 Version = tuple[int, int]
 
@@ -154,7 +155,7 @@ def _prove_with_ptxas(ptx: str, target: str, orig: Version, new: Version, ptxas:
             f.write(ptx)
         cmd = [exe, f"-arch={target}", "module.ptx", "-o", os.devnull]
         try:
-            proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=PTXAS_TIMEOUT_S)
+            proc = run_group(cmd, cwd=tmp, timeout=PTXAS_TIMEOUT_S)  # ends with kernel_lens
         except OSError as e:
             raise PtxIsaError(f"cannot run ptxas {exe!r}: {e}") from None
         except subprocess.TimeoutExpired:
