@@ -221,7 +221,7 @@ def test_interpreter_failure_is_a_capture_error_and_patches_are_restored():
         _broken_kernel[(1,)](x, x.numel(), BLOCK=8)
         return x
 
-    with pytest.raises(CaptureError, match=r"kernel _broken_kernel: .*AttributeError.*no_such_op") as info:
+    with pytest.raises(CaptureError, match=r"kernel _broken_kernel at .*test_capture.py:\d+: .*AttributeError.*no_such_op.*the kernel line named raised it") as info:
         capture(forward, (torch.zeros(8),), 90)
     assert not isinstance(info.value, interpreter.InterpreterError)
     assert tc.JITFunction.run is run and tc.JITFunction.__call__ is call

@@ -234,3 +234,31 @@ def test_an_access_straddling_the_end_of_a_storage_is_caught():
     with pytest.raises(CaptureError, match=r"_straddle_kernel: out-of-bounds load"):
         # x is 40 bytes; an int64 at byte 36 would start inside it and end past it
         interpret_launch(_straddle_kernel, (x[1:], out, 4), {}, (1,))
+
+
+@triton.jit
+def _bf16_reduce_kernel(x_ptr, y_ptr, B: tl.constexpr):
+    offs = tl.arange(0, B)
+    x = tl.load(x_ptr + offs)
+    tl.store(y_ptr + offs, x * 2)  # the interpreter makes no bf16 constant
+
+
+@triton.jit
+def _bf16_exp_kernel(x_ptr, y_ptr, B: tl.constexpr):
+    offs = tl.arange(0, B)
+    tl.store(y_ptr + offs, tl.exp(tl.load(x_ptr + offs)))  # Triton: exp takes fp32/fp64 only
+
+
+@pytest.mark.parametrize("kernel, text, says", [
+    (_bf16_reduce_kernel, "tl.store(", "numpy, which has no bfloat16: compute in fp32 there"),
+    (_bf16_exp_kernel, "tl.store(", "Triton's language refuses the kernel line named (it would on a GPU too)"),
+])
+def test_an_interpreter_failure_names_the_kernel_line_and_the_way_past_it(kernel, text, says):
+    """Issue 43 item 1: never a bare AttributeError: the kernel, its line, and what to do."""
+    x, y = torch.randn(16, dtype=torch.bfloat16), torch.zeros(16, dtype=torch.bfloat16)
+    with pytest.raises(CaptureError) as info:
+        interpret_launch(kernel, (x, y), {"B": 16}, (1,))
+    line = _one_line(info.value)
+    assert line.startswith(f"kernel {kernel.fn.__name__} at {__file__}:{_line_of(kernel, text)}: "
+                           f"Triton's interpreter failed to run this launch: "), line
+    assert says in line, line

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import logging
 import shlex
 from dataclasses import dataclass, field
@@ -226,8 +227,6 @@ def engine_not_built_here() -> str | None:
     specific to the GPU and the TensorRT version it was built with: without a CUDA GPU there is
     none to build for, and TensorRT-RTX's engines (which it builds without a GPU) run only with
     TensorRT-RTX, not with the TensorRT that Triton's tensorrt backend links."""
-    import importlib.util
-
     import torch  # lazy: the export of the other backends does not need it
 
     if not torch.cuda.is_available():

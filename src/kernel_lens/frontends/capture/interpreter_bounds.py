@@ -215,16 +215,30 @@ _INTERNAL = tuple(os.path.dirname(m.__file__) + os.sep for m in (triton, np, tor
     (os.path.dirname(os.path.dirname(os.path.dirname(__file__))) + os.sep,)
 
 
+def _users(path: str) -> bool:
+    return not path.startswith(_INTERNAL) and not path.startswith("<")
+
+
 def _kernel_line() -> str:
     """`` at FILE:LINE`` of the kernel's (or its @triton.jit helper's) line the interpreter is
     running: the innermost frame outside Triton, kernel_lens, numpy and torch."""
     frame = sys._getframe(1)
     while frame is not None:
-        path = frame.f_code.co_filename
-        if not path.startswith(_INTERNAL) and not path.startswith("<"):
-            return f" at {path}:{frame.f_lineno}"
+        if _users(frame.f_code.co_filename):
+            return f" at {frame.f_code.co_filename}:{frame.f_lineno}"
         frame = frame.f_back
     return ""
+
+
+def kernel_line_of(exc: BaseException) -> str:
+    """`` at FILE:LINE`` of the innermost line of the user's code (the kernel's, when the
+    interpreter raised inside it) in ``exc``'s traceback, or ''."""
+    found, tb = "", exc.__traceback__
+    while tb is not None:
+        if _users(tb.tb_frame.f_code.co_filename):
+            found = f" at {tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return found
 
 
 def _program() -> str:

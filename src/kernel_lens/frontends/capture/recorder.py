@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -26,7 +27,7 @@ from .. import arguments
 from . import interpreter_casts, launchers, tensor_likes
 from .. import triton_compat as tc
 from .libdevice_cpu import libdevice_cpu
-from .interpreter_bounds import checked_memory, tensor_ranges
+from .interpreter_bounds import checked_memory, kernel_line_of, tensor_ranges
 from .patching import patched as _patched
 
 log = logging.getLogger(__name__)
@@ -271,13 +272,28 @@ def _typed_scalar(kernel: str, name: str, ty: Any, value: Any) -> Any:
         raise CaptureError(f"kernel {kernel}: argument {name!r} = {value!r}: {exc}") from None
 
 
-def _interpreter_failure(kernel: str, exc: BaseException) -> KernelLensError:
+def _interpreter_failure(kernel: str, exc: BaseException, bf16: bool = False) -> KernelLensError:
+    """The interpreter's failure in one line: the kernel, its line (the innermost frame of the
+    user's code), what failed and how to get past it. ``bf16``: the launch has bf16 tensors."""
     cause = exc.__cause__ if isinstance(exc, InterpreterError) and exc.__cause__ is not None else exc
     if isinstance(cause, KernelLensError):  # raised by our own patches (libdevice): name the kernel
         return type(cause)(f"kernel {kernel}: {cause}")
     text = str(cause).strip() or repr(cause)
-    return CaptureError(f"kernel {kernel}: Triton's interpreter failed to run this launch: "
-                        f"{type(cause).__name__}: {text}")
+    tb = cause.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    innermost = tb.tb_frame.f_code.co_filename if tb is not None else ""
+    language = f"{os.sep}triton{os.sep}language{os.sep}" in innermost
+    hint = "compile on a host with a CUDA GPU, where the capture runs the kernel natively"
+    if innermost and kernel_line_of(cause).startswith(f" at {innermost}:"):  # the user's own code raised
+        hint = "the kernel line named raised it (it would on a GPU too)"
+    elif language and isinstance(cause, (ValueError, TypeError)) and "Interpreter" not in text:
+        hint = "Triton's language refuses the kernel line named (it would on a GPU too)"  # its own checks
+    elif bf16 or "bf16" in text or "bfloat16" in text:
+        hint = ("Triton's CPU interpreter computes with numpy, which has no bfloat16: compute in fp32 "
+                "there (x.to(tl.float32)), give fp32 example inputs, or " + hint)
+    return CaptureError(f"kernel {kernel}{kernel_line_of(cause)}: Triton's interpreter failed to run "
+                        f"this launch: {type(cause).__name__}: {text}; {hint}")
 
 
 def interpret_launch(jit_fn: Any, args: tuple, kwargs: dict, grid: tuple,
@@ -312,7 +328,8 @@ def interpret_launch(jit_fn: Any, args: tuple, kwargs: dict, grid: tuple,
         except KernelLensError:
             raise
         except Exception as exc:
-            raise _interpreter_failure(kernel, exc) from exc
+            bf16 = any(getattr(t, "dtype", None) == torch.bfloat16 for t in params.values())
+            raise _interpreter_failure(kernel, exc, bf16) from exc
 
 
 def _binder_failure(jit_fn: Any, params: dict[str, Any], exc: BaseException) -> CaptureError:
