@@ -263,6 +263,61 @@ def test_on_a_terminal_progress_is_a_spinner_and_a_line_per_finished_stage():
     assert "pass specialization: " in text and not handler.running
 
 
+def test_in_a_log_a_long_stage_is_named_at_once_then_again_while_it_runs(capsys, monkeypatch):
+    """Issue 43 item 2: the first stage is said at once, and a stage that runs long is named
+    again each QUIET seconds without a line: a log is never silent for long."""
+    import logging
+    import time
+
+    from kernel_lens import cli, progress
+
+    monkeypatch.setattr(cli._PlainProgress, "SLOW", 0.2)
+    monkeypatch.setattr(cli._PlainProgress, "QUIET", 0.6)
+    monkeypatch.setattr(cli._PlainProgress, "TICK", 0.05)
+    handler = cli._PlainProgress()
+    logger = logging.getLogger(progress.log.name)
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        with progress.stage("load model m.py"):
+            pass
+        with progress.stage("capture"):
+            time.sleep(2.2)
+    finally:
+        handler.close()
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "kernel_lens: load model m.py ..." and lines[1].startswith("kernel_lens: load model m.py: ")
+    assert lines[2] == "kernel_lens: capture ..."  # after SLOW
+    still = [line for line in lines if line.startswith("kernel_lens: capture ... still running (")]
+    assert 2 <= len(still) <= 4, lines
+    assert lines[-1].startswith("kernel_lens: capture: 2.")
+
+
+@pytest.mark.parametrize("command", ["verify", "export-triton"])
+def test_verify_and_export_say_something_at_once_and_are_never_silent_for_long(command, tmp_path):
+    """Issue 43 item 2, as a user runs them (stderr a pipe): a first line within 3 s of the
+    start, then never 12 s without one."""
+    import time
+
+    if command == "verify":
+        args = ["verify", TOY, "--max-size", "64"]
+    else:
+        kl("compile", TOY, "--target", "ort", "-o", str(tmp_path / "built"))
+        args = ["export-triton", str(tmp_path / "built"), "-o", str(tmp_path / "repo")]
+    start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "kernel_lens.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    stamps = [(time.monotonic() - start, line) for line in proc.stderr]
+    assert proc.wait(timeout=600) == 0, stamps
+    assert stamps and stamps[0][0] < 3.0, stamps
+    gaps = [b[0] - a[0] for a, b in zip(stamps, stamps[1:])]
+    assert max(gaps, default=0) < 12, stamps
+    assert any("start up" in line for _, line in stamps) and stamps[-1][1].startswith("kernel_lens: done in")
+
+
 def test_a_compiled_model_prints_in_one_short_line(toy_json):
     from kernel_lens.compiler import CompiledModel
 

@@ -272,8 +272,10 @@ def test_torch_export_failure_is_one_line_and_the_details_come_with_debug(tmp_pa
     assert "Could not guard on data-dependent expression" in line  # torch's reason, condensed
     assert f"(in the model at {model}:7: return out * 2 if out.sum() > 0 else out)" in line  # where
     assert "--debug" in line
-    status, _, err = run("--debug", "dump-ir", str(model))
-    assert status == 2 and "Traceback" in err and "GuardOnDataDependent" in err, err
+    for args in (("--debug", "dump-ir", str(model)), ("dump-ir", "--debug", str(model)),
+                 ("dump-ir", str(model), "--debug")):  # issue 43 item 5: before or after the command
+        status, _, err = run(*args)
+        assert status == 2 and "Traceback" in err and "GuardOnDataDependent" in err, (args, err)
 
 
 def test_build_error_is_one_line_and_the_compiler_output_comes_with_debug(monkeypatch, run):

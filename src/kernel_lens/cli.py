@@ -115,12 +115,15 @@ def _front_half_args(p: argparse.ArgumentParser) -> None:
 
 
 def _verbosity(p: argparse.ArgumentParser, default) -> None:
-    """-v/-q, accepted before or after the subcommand (on a subcommand they default to
+    """-v/-q/--debug, accepted before or after the subcommand (on a subcommand they default to
     SUPPRESS, so one given before it is kept)."""
     p.add_argument("-v", "--verbose", action="store_true", default=default,
                    help="also log details (what each stage did, pass timings)")
     p.add_argument("-q", "--quiet", action="store_true", default=default,
                    help="no progress lines: only results and errors")
+    p.add_argument("--debug", action="store_true", default=default,
+                   help="on an error, show the full message, the traceback and what "
+                        "torch printed (without it: one line)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -129,9 +132,6 @@ def _parser() -> argparse.ArgumentParser:
         description="Compile PyTorch models with custom Triton kernels for ONNX Runtime and TensorRT.")
     parser.add_argument("--version", action="version", version=f"kernel_lens {__version__}")
     _verbosity(parser, argparse.SUPPRESS)
-    parser.add_argument("--debug", action="store_true",
-                        help="on an error, show the full message, the traceback and what "
-                             "torch printed (without it: one line)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     sub.add_parser = _with_verbosity(sub.add_parser)  # type: ignore[method-assign]
 
@@ -217,7 +217,9 @@ def _add_verify(sub) -> None:
     check.add_argument("artifacts", nargs="?", default=None,
                        help="a compiled folder (default: compile the file now, into the cache)")
     check.add_argument("--max-size", type=int, default=4096, metavar="N",
-                       help="cap on the sizes drawn from the declared ranges (default 4096)")
+                       help="cap on every size verify makes inputs for, besides the model file's "
+                            "example (default 4096); a range or piece starting above it is "
+                            "reported as not checked")
     check.add_argument("--rtol", type=float, default=None, help="accept outputs within this relative difference")
     check.add_argument("--atol", type=float, default=None, help="accept outputs within this absolute difference")
 
@@ -377,7 +379,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from .verify import verify_file  # lazy: torch, the compiler
+    with progress.stage("start up (torch, triton)"):  # seconds: said within SLOW, not silent
+        from .verify import verify_file  # lazy: torch, the compiler
 
     tolerance = None
     if args.rtol is not None or args.atol is not None:
@@ -389,7 +392,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_export_triton(args: argparse.Namespace) -> int:
-    from .serving import export_triton  # lazy: onnx, pydantic, jinja2 (~1 s)
+    with progress.stage("start up (onnx, pydantic)"):  # said within SLOW, not silent
+        from .serving import export_triton  # lazy: onnx, pydantic, jinja2 (~1 s)
 
     _check_output("-o/--output", args.output)
     result = export_triton(args.directory, args.output, name=args.name, backend=args.backend,
@@ -407,12 +411,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     args.verbose, args.quiet = getattr(args, "verbose", False), getattr(args, "quiet", False)
+    args.debug = getattr(args, "debug", False)
     logging.basicConfig(level=logging.INFO if args.verbose or args.debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     if args.debug:  # kernel_lens's own debug records, e.g. what torch.export printed
         logging.getLogger("kernel_lens").setLevel(logging.DEBUG)
     shown = None
-    if args.command in ("compile", "dump-ir", "verify") and not args.quiet:  # stages, from the first second
+    if args.command in ("compile", "dump-ir", "verify", "export-triton") and not args.quiet:  # stages, from the first second
         shown = _progress_handler()
     start = time.perf_counter()
     try:
@@ -437,36 +442,68 @@ def _progress_handler() -> logging.Handler:
 
 class _PlainProgress(logging.Handler):
     """Progress as plain lines on stderr (a pipe, a CI log): one line per finished stage with its
-    time; a stage still running after :attr:`SLOW` seconds is announced when it gets there."""
+    time; the command's first stage and any stage still running after :attr:`SLOW` seconds are
+    announced, and the innermost running stage is named again whenever :attr:`QUIET` seconds
+    pass without a line, so a long stage never leaves the log silent."""
 
     SLOW = 2.0
+    QUIET = 10.0
+    TICK = 0.5  # how often running stages are looked at
 
     def __init__(self) -> None:
         super().__init__()
-        self.timers: list[threading.Timer] = []
+        self.running: list[list] = []  # [message, started, announced], outermost first
+        self.last = time.monotonic()
+        self.printed = False
+        self.lock = threading.RLock()
+        self.timer: threading.Timer | None = None
 
     def emit(self, record: logging.LogRecord) -> None:
         event = getattr(record, "kl_event", None)
-        if event == progress.START:
-            timer = threading.Timer(self.SLOW, self._print, [record.getMessage()])
-            timer.daemon = True
-            self.timers.append(timer)
-            timer.start()
-            return
-        if event == progress.DONE and self.timers:
-            self.timers.pop().cancel()
-        self._print(record.getMessage())
+        with self.lock:
+            if event == progress.START:
+                first = not self.printed  # the command's first stage: said at once
+                self.running.append([record.getMessage(), time.monotonic(), first])
+                if first:
+                    self._print(record.getMessage())
+                self._schedule()
+                return
+            if event == progress.DONE and self.running:
+                self.running.pop()
+            self._print(record.getMessage())
+
+    def _schedule(self) -> None:
+        if self.timer is None and self.running:
+            self.timer = threading.Timer(self.TICK, self._tick)
+            self.timer.daemon = True
+            self.timer.start()
+
+    def _tick(self) -> None:
+        with self.lock:
+            self.timer = None
+            now = time.monotonic()
+            for stage in self.running:
+                if not stage[2] and now - stage[1] >= self.SLOW:
+                    stage[2] = True
+                    self._print(stage[0])
+            if self.running and now - self.last >= self.QUIET:
+                message, started, _ = self.running[-1]
+                self._print(f"{message} still running ({now - started:.0f} s)")
+            self._schedule()
 
     def _print(self, text: str) -> None:
+        self.last, self.printed = time.monotonic(), True
         try:
             print(f"kernel_lens: {printable(text)}", file=sys.stderr, flush=True)
         except (OSError, ValueError):
             pass  # stderr closed: progress is not worth an error
 
     def close(self) -> None:
-        for timer in self.timers:
-            timer.cancel()
-        self.timers.clear()
+        with self.lock:
+            if self.timer is not None:
+                self.timer.cancel()
+            self.timer = None
+            self.running.clear()
         super().close()
 
 

@@ -321,7 +321,8 @@ def verify_file(path: str, artifacts: str | None = None, *, cap: int = MAX_SIZE,
                 tolerance: tuple[float, float] | None = None) -> Report:
     """:func:`verify` for a model file and a compiled folder (``None``: compile it now, for the
     ORT target on a GPU host, the IR alone on a CPU host)."""
-    mf = load_model_file(path)
+    with progress.stage(f"load model {path}"):
+        mf = load_model_file(path)
     model = mf.model
     names = input_names(model, len(mf.example_inputs))
     if artifacts is not None:

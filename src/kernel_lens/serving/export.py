@@ -59,9 +59,9 @@ class TritonExport(BaseModel):
 
 
 def _compiled(directory: str | Path, kind: TritonBackend) -> tuple[CompiledArtifacts, GraphIR]:
-    from ..compiler import load  # lazy: torch and triton (seconds to import); nothing else here needs them
-
     with progress.stage(f"read {directory}"):
+        from ..compiler import load  # lazy: torch and triton (seconds to import); nothing else here needs them
+
         compiled = load(directory)  # validates the manifest: every path lies inside the folder
     target = next((t for t in kind.targets
                    if f"{t}.onnx" in compiled.artifacts and f"{t}.library" in compiled.artifacts), None)
