@@ -192,6 +192,21 @@ def test_third_party_target_via_entry_point(third_party, tmp_path):
                            str(tmp_path / "cli")], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "cli" / "libkl_ToyModel_c.so").is_file()
+    assert "kernel_lens: c-launcher: build: " in proc.stderr  # issue 43: a third party's target reports
+
+
+def test_artifacts_reused_from_the_cache_say_so(third_party, caplog):
+    """Issue 43 item 2: a compile whose artifacts come from the cache says so (a progress line)."""
+    import logging
+
+    m = load_module(MODELS["toy_two_kernels"])
+    with caplog.at_level(logging.INFO, logger="kernel_lens.progress"):
+        for _ in range(2):
+            compiled = kl.compile(m.model, m.example_inputs, dynamic_shapes=m.dynamic_shapes,
+                                  targets=["c-launcher"])
+    reused = [r.getMessage() for r in caplog.records if "reused from cache" in r.getMessage()
+              and r.getMessage().startswith("c-launcher: ")]
+    assert len(reused) >= 1 and str(compiled.folder) in reused[-1], reused
 
 
 def test_each_target_names_what_it_needs_for_each_stage():

@@ -31,7 +31,7 @@ from .passes import PassContext, PassManager, PassTiming, default_pipeline
 from .runtime.interpreted import InterpretedModel
 from .runtime.signature import check_device
 from .summary import summarize
-from .targets.base import available_targets, get_target
+from .targets.base import StagedTarget, available_targets, get_target
 from .targets.ort.target import onnx_graph as ort_onnx_graph
 from .toolchain import cache
 from .version import __version__
@@ -104,7 +104,13 @@ class CompiledModel:
                 "summary": atomic_write(inside(directory, f"{stem}.summary.txt"), self.summary())}
         here = directory.absolute()
         for name in targets:
-            for kind, path in get_target(name).build_until(self.ir, directory, stop_after).items():
+            target = get_target(name)
+            if isinstance(target, StagedTarget):  # it reports each of its stages itself
+                built = target.build_until(self.ir, directory, stop_after)
+            else:
+                with progress.stage(f"{name}: build"):  # a third party's target: one stage
+                    built = target.build_until(self.ir, directory, stop_after)
+            for kind, path in built.items():
                 path = Path(path)
                 if not path.is_absolute() and not path.is_relative_to(directory):
                     path = directory / path  # a bare name: relative to the output folder
@@ -317,6 +323,8 @@ def _compile_into_cache(compiled: CompiledModel, targets: list[str]) -> Compiled
                                      f"cannot be trusted ({problem}); remove it (it is rebuilt)")
         finally:
             shutil.rmtree(work, ignore_errors=True)
+    else:
+        progress.log.info("%s: reused from cache (%s)", ", ".join(targets) or "IR", final)
     reused = load(final)
     reused.example_outputs, reused.timings = compiled.example_outputs, compiled.timings
     return reused
