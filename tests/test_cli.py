@@ -359,3 +359,33 @@ def test_a_bad_target_or_stage_is_the_same_line_from_the_cli_and_the_api(flags, 
     # (the list of installed targets after ';' may differ: other tests register targets here)
     assert cli_line.split(";")[0] == api_line.split(";")[0] and "; " in cli_line
     assert "capture" not in kl_run.stderr
+
+
+def test_a_compile_says_what_it_replaces_and_keeps_the_other_target_of_the_same_model(tmp_path):
+    """Issue 43 item 4: the same model for another target keeps the first target's files (the
+    manifest lists both, load checks both); another version of it drops them and says so; another
+    model's build is replaced with one line. Item 3: a TensorRT build names the trtexec command."""
+    import json
+
+    import kernel_lens
+
+    out = tmp_path / "out"
+    kl("compile", TOY, "--target", "ort", "-o", str(out))
+    second = kl("compile", TOY, "--target", "trt", "-o", str(out))
+    assert f"kernel_lens: {out}: kept the ort artifacts of the earlier build of this model" in second.stderr
+    assert f"next: build a TensorRT engine on the GPU that will run it (its TensorRT): trtexec " \
+           f"--onnx={out}/ToyModel.trt.onnx --dynamicPlugins={out}/libkl_ToyModel_trt_v3.so " \
+           f"--saveEngine={out}/ToyModel.plan --stronglyTyped --minShapes=x:2,y:2" in second.stderr
+    manifest = json.loads((out / "kernel_lens.json").read_text())
+    assert {"ort.onnx", "ort.library", "trt.onnx", "trt.library"} <= set(manifest["artifacts"])
+    assert set(kernel_lens.load(out).artifacts) == set(manifest["artifacts"])
+    ort_library = out / manifest["artifacts"]["ort.library"]
+    third = kl("compile", TOY, "--target", "trt", "--arch", "sm_80", "-o", str(out))  # another IR
+    assert "the earlier ort artifacts are removed: they were built from another version of the model" in third.stderr
+    assert not ort_library.exists() and "ort.library" not in json.loads((out / "kernel_lens.json").read_text())["artifacts"]
+    other = kl("compile", str(EXAMPLES / "llama_block.py"), "-o", str(out))
+    lines = [line for line in other.stderr.splitlines() if "held the build of model" in line]
+    assert lines == [f"WARNING kernel_lens.artifact_folder: {out} held the build of model ToyModel; it is "
+                     f"replaced by the build of LlamaBlock"], other.stderr
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == \
+        ["LlamaBlock.ir.json", "LlamaBlock.summary.txt", "kernel_lens.json"]

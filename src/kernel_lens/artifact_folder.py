@@ -12,6 +12,7 @@ import errno
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import reprlib
@@ -23,8 +24,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from . import progress
-from .errors import ArtifactError, OutputPathError
+from .errors import ArtifactError, OutputPathError, printable
 from .fileio import atomic_write, inside, process_alive, subfolder, umask
+
+log = logging.getLogger(__name__)
 
 MANIFEST = "kernel_lens.json"
 LOCK = ".kernel_lens.lock"  # flock'ed while a build moves in; never an artifact, never removed
@@ -64,21 +67,60 @@ def _remove_stale_staging(where: Path) -> None:
             shutil.rmtree(entry.path, ignore_errors=True)
 
 
-def _listed(directory: Path) -> set[Path]:
-    """The files the folder's current manifest lists (relative), or none when it has none or
-    it cannot be read: only paths inside the folder are returned."""
+def _manifest(directory: Path) -> dict:
+    """The folder's current manifest, or {} when it has none or it cannot be read."""
     try:
         root = directory.resolve()
         data = json.loads(read_inside(root, root / MANIFEST, "manifest", follow=False))
-        names = data["artifacts"].values()
+        return data if isinstance(data, dict) and isinstance(data.get("artifacts"), dict) else {}
     except Exception:  # noqa: BLE001 - an unreadable manifest lists nothing to clean up
-        return set()
+        return {}
+
+
+def _listed(directory: Path) -> set[Path]:
+    """The files the folder's current manifest lists (relative), or none when it has none or
+    it cannot be read: only paths inside the folder are returned."""
     listed = set()
-    for name in names:
+    for name in _manifest(directory).get("artifacts", {}).values():
         rel = Path(str(name))
         if not rel.is_absolute() and ".." not in rel.parts and rel.parts:
             listed.add(rel)
     return listed
+
+
+def _kept(old: dict, new: dict, directory: Path) -> dict[str, Path]:
+    """The earlier build's artifacts of targets this build does not make, kept when both builds
+    come from the same IR (the same model compiled for another target: the manifest lists
+    both), each only if it is still the file that build wrote; what is replaced is said."""
+    if not old:
+        return {}
+    if old.get("name") != new.get("name"):
+        log.warning("%s held the build of model %s; it is replaced by the build of %s",
+                    directory, printable(str(old.get("name"))), printable(str(new.get("name"))))
+        return {}
+    ours = {k.split(".", 1)[0] for k in new["artifacts"] if "." in k}
+    theirs = {k: v for k, v in old["artifacts"].items()
+              if isinstance(k, str) and "." in k and k.split(".", 1)[0] not in ours}
+    if not theirs:
+        return {}
+    same_ir = old.get("sha256", {}).get("ir") == new["sha256"]["ir"]
+    root = directory.resolve()
+    kept = {}
+    for kind, rel in theirs.items():
+        try:
+            if same_ir and sha256_inside(root, root / str(rel), kind) == old["sha256"].get(kind):
+                kept[kind] = Path(str(rel))
+        except Exception:  # noqa: BLE001 - a file that cannot be read again is not kept
+            pass
+    if kept:
+        progress.log.info("%s: kept the %s artifacts of the earlier build of this model", directory,
+                          ", ".join(sorted({k.split(".", 1)[0] for k in kept})))
+    dropped = sorted({k.split(".", 1)[0] for k in theirs} - {k.split(".", 1)[0] for k in kept})
+    if dropped:
+        log.warning("%s: the earlier %s artifacts are removed: they were built from another "
+                    "version of the model (compile with each --target you need)", directory,
+                    ", ".join(dropped))
+    return kept
 
 
 @contextmanager
@@ -125,7 +167,10 @@ def move_in(staging: Path, directory: Path) -> None:
 
 
 def _move_in(staging: Path, directory: Path, made: set[Path]) -> None:
-    old = _listed(directory) - {Path(LOCK)}
+    before = _manifest(directory)
+    new = json.loads((staging / MANIFEST).read_text())
+    kept = _kept(before, new, directory)
+    old = _listed(directory) - {Path(LOCK)} - set(kept.values())
     retract_manifest(directory)
     for rel in sorted(made):
         target = inside(directory, rel) if len(rel.parts) == 1 else \
@@ -145,7 +190,10 @@ def _move_in(staging: Path, directory: Path, made: set[Path]) -> None:
             except OSError:
                 break
             parent = parent.parent
-    os.replace(staging / MANIFEST, inside(directory, MANIFEST))
+    if kept:  # both builds' artifacts, each file's hash taken again where it now lies
+        write_manifest(directory, new["name"], {**kept, **{k: Path(v) for k, v in new["artifacts"].items()}})
+    else:
+        os.replace(staging / MANIFEST, inside(directory, MANIFEST))
 
 
 def retract_manifest(directory: Path) -> None:

@@ -363,6 +363,14 @@ def cmd_compile(args: argparse.Namespace) -> int:
                       f"; serve it with kernel_lens export-triton {out} -o REPO" if "ort" in args.target
                       else "; build a runtime with --target ort (see kernel_lens targets)"
                       if not args.target else "")
+    trt = next((t for t in args.target or [] if f"{t}.onnx" in compiled.artifacts
+                and f"{t}.library" in compiled.artifacts and t.startswith("trt")), None)
+    if trt is not None:  # an engine is the serving GPU's and TensorRT's: built there
+        from .serving.backends import trtexec_command  # lazy: the serving package
+
+        progress.log.info("next: build a TensorRT engine on the GPU that will run it (its TensorRT): %s",
+                          trtexec_command(compiled.ir, compiled.artifacts[f"{trt}.onnx"],
+                                          compiled.artifacts[f"{trt}.library"], out / f"{compiled.ir.name}.plan"))
     return 0
 
 
