@@ -74,18 +74,22 @@ def test_an_interrupted_compile_leaves_the_earlier_build(point, toy_ir, tmp_path
     assert _digests(out) == before and (out / "notes.txt").read_text() == "the user's own file"
 
 
-def test_a_new_build_removes_only_the_files_the_earlier_one_listed(toy_ir, tmp_path, ort_headers):
+def test_a_new_build_keeps_the_same_models_other_target_and_removes_only_what_it_listed(toy_ir, tmp_path,
+                                                                                          ort_headers):
     out = tmp_path / "out"
     CompiledModel(toy_ir).write(out, ["ort"])
     (out / "notes.txt").write_text("mine")
     CompiledModel(toy_ir).write(out, ["trt"], stop_after="emit")
     names = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
-    assert "libkl_ToyModel_ort.so" not in names and "ToyModel.onnx" not in names  # no orphans
-    assert "notes.txt" in names and "ToyModel.trt.onnx" in names
+    # issue 43: the same model for another target keeps the first target's files, listed
+    assert {"libkl_ToyModel_ort.so", "ToyModel.onnx", "notes.txt", "ToyModel.trt.onnx"} <= names
     listed = set(kl.load(out).artifacts)
-    assert "ort.library" not in listed and "trt.onnx" in listed
-    CompiledModel(toy_ir).write(out, [])  # the emitted sources' folder goes with its files
-    assert not (out / "src_trt_v3").exists() and (out / "notes.txt").exists()
+    assert {"ort.library", "ort.onnx", "trt.onnx"} <= listed
+    CompiledModel(toy_ir.model_copy(update={"name": "Other"})).write(out, [])  # another model
+    names = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
+    assert "libkl_ToyModel_ort.so" not in names and "ToyModel.onnx" not in names  # no orphans
+    assert not (out / "src_trt_v3").exists() and (out / "notes.txt").exists()  # folders go with their files
+    assert set(kl.load(out).artifacts) == {"ir", "summary"}
 
 
 def test_a_killed_compile_s_staging_folder_is_removed_by_the_next(toy_ir, tmp_path):
