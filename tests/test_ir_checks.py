@@ -186,3 +186,23 @@ def test_a_wide_tuple_constexpr_loads_in_linear_time(toy_doc):
         took.append(time.perf_counter() - start)
         assert took[-1] < 6 * len(text) / 1e6  # 3x the bar: a loaded CI machine
     assert took[1] < 3.5 * took[0]
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda d: d["values"][d["outputs"][0]]["strides"].append("1"), r"1 dims but 2 strides"),
+    (lambda d: d["launches"][0]["args"][0].update(strides=[]), r"argument 'x_ptr' has 1 dims but 0 strides"),
+])
+def test_shapes_and_strides_of_different_lengths_are_refused(toy_doc, change, match):
+    doc = _copy(toy_doc)
+    change(doc)
+    _refused(doc, match)
+
+
+def test_a_constant_whose_bytes_do_not_fill_its_shape_is_refused():
+    import base64
+
+    doc = json.loads(model_ir(EXAMPLES / "llama_block.py").to_json())
+    name, const = next(iter(doc["constants"].items()))
+    data = base64.b64decode(const["data"])
+    const["data"] = base64.b64encode(data[:-4]).decode()
+    _refused(doc, rf"constants\.{name}.*holds {len(data)} bytes, not {len(data) - 4}")

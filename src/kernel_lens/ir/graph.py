@@ -59,13 +59,27 @@ class TensorValue(_Model):
     strides: list[SymExpr]
     kind: Literal["input", "constant", "intermediate"]
 
+    @model_validator(mode="after")
+    def _one_stride_per_dim(self) -> "TensorValue":
+        if len(self.strides) != len(self.shape):
+            raise ValueError(f"value {self.name}: {len(self.shape)} dims but {len(self.strides)} strides")
+        return self
+
 
 class ConstantData(_Model):
     """Raw contents of a weight or buffer the model owns (little-endian, row-major)."""
 
     dtype: DType
-    shape: list[int]
+    shape: list[Annotated[int, Field(ge=0)]]
     data: Base64Bytes
+
+    @model_validator(mode="after")
+    def _data_fills_the_shape(self) -> "ConstantData":
+        want = math.prod(self.shape) * self.dtype.itemsize
+        if len(self.data) != want:
+            raise ValueError(f"a {self.dtype.value} constant of shape {self.shape} holds {want} bytes, "
+                             f"not {len(self.data)}")
+        return self
 
 
 # Arguments of torch ops: references to tensors, symbolic ints, constants, lists of those.
@@ -218,6 +232,9 @@ def _check_launch(launch: "Launch", kernel: KernelIR, names: set[str]) -> None:
                              f"{param.kind.value} parameter takes {' or '.join(_ROLES[param.kind])}")
         if param.binds_tensor and arg.role is not None and arg.value is None:
             raise ValueError(f"{where}: tensor argument {arg.name!r} names no value")
+        if arg.shape is not None and len(arg.strides or ()) != len(arg.shape):
+            raise ValueError(f"{where}: argument {arg.name!r} has {len(arg.shape)} dims but "
+                             f"{len(arg.strides or ())} strides")
         if param.kind == ParamKind.tensordesc and not (
                 len(arg.desc_shape or ()) == len(arg.desc_strides or ()) == param.rank):
             raise ValueError(f"{where}: tensor descriptor {arg.name!r} of rank {param.rank} has "
