@@ -164,6 +164,36 @@ def test_more_pieces_than_the_cap_is_one_typed_line():
     assert "\n" not in str(info.value)
 
 
+class _ThreePieces(torch.nn.Module):
+    def forward(self, x):
+        y = torch.empty_like(x)
+        n = x.shape[0]
+        block = 16 if n == 10 else 32  # pieces [2, 9], [10], [11, 64]
+        corpus.scale_rows_kernel[(n,)](x, y, x.shape[1], 1.0, BLOCK=block)
+        return y
+
+
+def test_exactly_the_cap_of_pieces_compiles_and_proving_the_ends_builds_no_binary(monkeypatch, caplog):
+    """MAX_PIECES pieces are allowed (one more is refused); the traces that prove each piece's
+    ends are compared, not compiled: no kernel is AOT-compiled once the proofs start."""
+    import logging
+
+    from kernel_lens.frontends.trace import size_pieces
+
+    monkeypatch.setattr(size_pieces, "MAX_PIECES", 3)
+    rows = torch.export.Dim("rows", min=2, max=64)
+    with caplog.at_level(logging.INFO, logger="kernel_lens.progress"):
+        ir = kl.lift(_ThreePieces(), (torch.randn(12, 8),), dynamic_shapes=({0: rows},), arch=90)
+    assert [b.ranges["rows"] for p in ir.pieces for b in p.when] == [(2, 9), (10, 10), (11, 64)]
+    stages = [r.getMessage() for r in caplog.records if r.getMessage().endswith(" ...")]
+    proofs = [i for i, m in enumerate(stages) if m.startswith("prove piece")]
+    assert proofs and any(m.startswith("aot ") for m in stages[:proofs[0]])
+    assert not [m for m in stages[proofs[0]:] if m.startswith("aot ")], stages
+    monkeypatch.setattr(size_pieces, "MAX_PIECES", 2)
+    with pytest.raises(TraceError, match="more than 2 pieces"):
+        kl.lift(_ThreePieces(), (torch.randn(12, 8),), dynamic_shapes=({0: rows},), arch=90)
+
+
 def test_a_pieced_ir_is_validated():
     ir = kl.lift(_Weighted(), (torch.randn(20, 24),), dynamic_shapes=({0: torch.export.Dim("rows", min=2, max=300)},),
                  arch=90)
