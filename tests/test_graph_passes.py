@@ -172,6 +172,19 @@ def test_grouped_query_attention_reads_the_kv_heads_without_expanding_them(mask,
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("batch", ["B", 2])
+def test_the_shapes_the_fold_declares_agree_with_onnx_shape_inference(batch):
+    # the folded query is [batch, kv_heads, groups*L, head]: what the pass writes into value_info
+    # must agree with what ONNX infers (a wrong dim is an error under strict inference)
+    folded, timings = _optimize(_gqa(batch=batch, length=1), ["gqa_without_expand"])
+    assert timings[0].rewrites == 1
+    onnx.shape_inference.infer_shapes(folded, strict_mode=True)
+    fold = next(n for n in folded.graph.node if n.op_type == "Reshape" and "fold_groups" in n.name)
+    declared = next(v for v in folded.graph.value_info if v.name == fold.output[0])
+    dims = [d.dim_param or d.dim_value for d in declared.type.tensor_type.shape.dim]
+    assert dims == [batch, 2, 3, 8], dims
+
+
 def test_one_mask_row_for_many_query_rows_is_expanded_to_the_folded_rows():
     # the model's own graph would not run on ORT (it wants a row per query row), so the fold is
     # checked by its structure: the one row expanded to G*L rows at run time
