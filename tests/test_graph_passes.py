@@ -190,6 +190,13 @@ def test_one_mask_row_for_many_query_rows_is_expanded_to_the_folded_rows():
     # checked by its structure: the one row expanded to G*L rows at run time
     folded, timings = _optimize(_gqa(length="L", mask_rows=1), ["gqa_without_expand"])
     assert timings[0].rewrites == 1 and _ops(folded)["Expand"] == 1 and _ops(folded)["Shape"] == 2
+    # and it computes attention with that row for every query row: the same as the model given
+    # the row repeated L times (which ORT runs)
+    for length in (2, 3):
+        feeds = _gqa_feeds(length=length, mask_rows=1)
+        repeated = dict(feeds, mask=np.repeat(feeds["mask"], length, axis=2))
+        (want,), (got,) = _run(_gqa(length="L", mask_rows=length), repeated), _run(folded, feeds)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("case", [dict(causal=1), dict(mask_rows=3, length=2)])
