@@ -50,19 +50,18 @@ class LaunchRefused(KernelLensError):
     a dim that disagrees with the IR, no kernel variant for the guards' values)."""
 
 
-def _numpy_dtype(dtype: DType) -> Any:
-    special = {DType.bf16: ml_dtypes.bfloat16, DType.fp8e4nv: ml_dtypes.float8_e4m3fn,
-               DType.fp8e5: ml_dtypes.float8_e5m2}
-    return special.get(dtype) or np.dtype(torch_name(dtype))
+# The dtypes numpy lacks, as ml_dtypes spells them (ONNX's reference evaluator takes those).
+_ML_DTYPES = {DType.bf16: ml_dtypes.bfloat16, DType.fp8e4nv: ml_dtypes.float8_e4m3fn,
+              DType.fp8e5: ml_dtypes.float8_e5m2}
 
 
 def to_numpy(t: torch.Tensor, dtype: DType) -> np.ndarray:
     """A CPU tensor's contents as the numpy array ONNX's reference evaluator takes (bf16 and
     fp8 as ml_dtypes arrays, bit for bit)."""
     t = t.detach().contiguous()
-    if dtype in (DType.bf16, DType.fp8e4nv, DType.fp8e5):
+    if dtype in _ML_DTYPES:
         raw = t.view(torch.int16 if dtype == DType.bf16 else torch.uint8).numpy()
-        return raw.view(_numpy_dtype(dtype))
+        return raw.view(_ML_DTYPES[dtype])
     return t.numpy()
 
 
