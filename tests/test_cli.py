@@ -264,13 +264,14 @@ def test_on_a_terminal_progress_is_a_spinner_and_a_line_per_finished_stage():
 
 
 def test_in_a_log_a_long_stage_is_named_at_once_then_again_while_it_runs(capsys, monkeypatch):
-    """Issue 43 item 2: the first stage is said at once, and a stage that runs long is named
+    """Issue 43 item 2: the first stage is said within FIRST, and a stage that runs long is named
     again each QUIET seconds without a line: a log is never silent for long."""
     import logging
     import time
 
     from kernel_lens import cli, progress
 
+    monkeypatch.setattr(cli._PlainProgress, "FIRST", 0.1)
     monkeypatch.setattr(cli._PlainProgress, "SLOW", 0.2)
     monkeypatch.setattr(cli._PlainProgress, "QUIET", 0.6)
     monkeypatch.setattr(cli._PlainProgress, "TICK", 0.05)
@@ -281,7 +282,7 @@ def test_in_a_log_a_long_stage_is_named_at_once_then_again_while_it_runs(capsys,
     logger.setLevel(logging.INFO)
     try:
         with progress.stage("load model m.py"):
-            pass
+            time.sleep(0.3)  # past FIRST: said while it runs
         with progress.stage("capture"):
             time.sleep(2.2)
     finally:

@@ -450,10 +450,11 @@ def _progress_handler() -> logging.Handler:
 
 class _PlainProgress(logging.Handler):
     """Progress as plain lines on stderr (a pipe, a CI log): one line per finished stage with its
-    time; the command's first stage and any stage still running after :attr:`SLOW` seconds are
+    time; a stage still running after :attr:`SLOW` seconds (:attr:`FIRST` before any line) is
     announced, and the innermost running stage is named again whenever :attr:`QUIET` seconds
     pass without a line, so a long stage never leaves the log silent."""
 
+    FIRST = 1.0
     SLOW = 2.0
     QUIET = 10.0
     TICK = 0.5  # how often running stages are looked at
@@ -470,10 +471,7 @@ class _PlainProgress(logging.Handler):
         event = getattr(record, "kl_event", None)
         with self.lock:
             if event == progress.START:
-                first = not self.printed  # the command's first stage: said at once
-                self.running.append([record.getMessage(), time.monotonic(), first])
-                if first:
-                    self._print(record.getMessage())
+                self.running.append([record.getMessage(), time.monotonic(), False])
                 self._schedule()
                 return
             if event == progress.DONE and self.running:
@@ -490,8 +488,8 @@ class _PlainProgress(logging.Handler):
         with self.lock:
             self.timer = None
             now = time.monotonic()
-            for stage in self.running:
-                if not stage[2] and now - stage[1] >= self.SLOW:
+            for stage in self.running:  # the command's first line comes sooner
+                if not stage[2] and now - stage[1] >= (self.SLOW if self.printed else self.FIRST):
                     stage[2] = True
                     self._print(stage[0])
             if self.running and now - self.last >= self.QUIET:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Protocol
 
+from pydantic import ValidationError
+
 from .. import progress
 from ..errors import PassError, PostconditionError, PreconditionError
 from ..fileio import inside, subfolder
@@ -259,8 +261,12 @@ class PassManager:
         def one(graph: GraphIR) -> tuple[GraphIR, bool]:
             result = p.run(graph.model_copy(deep=True), ctx)
             out = result.ir
-            out.facts = sorted(set(out.facts) | set(p.provides))
-            out.passes_run = [*out.passes_run, p.name]
+            try:  # an assignment validates the whole graph: a pass that broke it is named
+                out.facts = sorted(set(out.facts) | set(p.provides))
+                out.passes_run = [*out.passes_run, p.name]
+            except ValidationError as exc:
+                raise PostconditionError(f"pass {p.name} left an IR that is not valid: "
+                                         f"{str(exc.errors()[0]['msg'])[:300]}") from None
             p.ensures(out)
             return out, result.modified
 
