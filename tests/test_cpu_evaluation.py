@@ -43,6 +43,21 @@ def test_tensors_cross_to_the_reference_evaluator_bit_for_bit(dtype):
     assert torch.equal(back.view(torch.uint8) if dtype.itemsize == 1 else back, t.view(torch.uint8)
                        if dtype.itemsize == 1 else t)
     assert to_torch(np.float32(2.5), DType.fp32).shape == ()  # a 0-d result stays 0-d
+    scalar = t.reshape(-1)[:1].reshape(())  # a 0-d bf16/fp8 result too, bit for bit
+    again = to_torch(to_numpy(scalar, ir_dtype), ir_dtype)
+    assert again.shape == () and again.dtype == dtype
+    assert torch.equal(again.reshape(1).view(torch.uint8), scalar.reshape(1).view(torch.uint8))
+
+
+def test_the_cpu_tolerances_per_dtype():
+    """What verify and the CPU tests accept between the CPU evaluation and eager on the CPU: the
+    launches are exact on both sides; only the torch ops' rounding may differ, by dtype."""
+    from kernel_lens.verify import cpu_tolerance
+
+    assert cpu_tolerance(torch.float32) == cpu_tolerance(torch.float64) == (1e-5, 1e-5)
+    assert cpu_tolerance(torch.float16) == (5e-3, 5e-3) and cpu_tolerance(torch.bfloat16) == (2e-2, 2e-2)
+    assert cpu_tolerance(torch.float8_e4m3fn) == cpu_tolerance(torch.float8_e5m2) == (0.125, 0.125)
+    assert cpu_tolerance(torch.int32) == cpu_tolerance(torch.bool) == (0.0, 0.0)
 
 
 def _node(index: int = 0) -> tuple[GraphIR, LaunchNode]:
@@ -143,3 +158,13 @@ def test_a_kernel_text_naming_something_not_triton_is_refused():
                                     "callees": {**source.callees, "os": "os.system"}})
     with pytest.raises(KernelSourceError, match="is not Triton's"):
         jit_from_ir(odd, {})
+
+
+def test_the_summary_names_the_outputs_the_graph_returns():
+    """summary()'s body ends with the returned values, as the graph's outputs name them."""
+    from kernel_lens.summary import summarize
+
+    ir = model_ir(TOY)
+    lines = summarize(ir).splitlines()
+    assert f"  return ({', '.join('%' + o for o in ir.outputs)},)" in lines
+    assert lines[lines.index("kernels:") - 1].startswith("  return (%")
