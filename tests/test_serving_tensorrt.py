@@ -30,7 +30,7 @@ from kernel_lens.targets.trt.target import plugin_names
 
 from kernel_lens.toolchain import compilers
 
-from conftest import ROOT, load_module
+from conftest import ROOT, load_module, reseal_manifest
 from test_serving_triton import _expected, _served
 from test_trt_plugins import MODELS
 
@@ -76,6 +76,7 @@ def test_tensorrt_plan_export_and_plugin_registration(rtx, trt_headers, tmp_path
     library = compiled.artifacts["trt.library"]
     subprocess.run([compilers.find_cxx(), "-x", "c", "-shared", "-fPIC", str(planted), "-o", str(library)],
                    check=True)
+    reseal_manifest(out)  # a folder whose manifest agrees: what is tested is that the export never opens it
     repo = tmp_path / "repo"
     proc = subprocess.run([sys.executable, "-m", "kernel_lens.cli", "export-triton", str(out), "-o", str(repo),
                            "--backend", "tensorrt", "--name", "toy"], env=env, capture_output=True, text=True,
