@@ -109,6 +109,21 @@ def test_forward_that_raises_is_one_capture_error_line(tmp_path, run):
     assert not (tmp_path / "o").exists()
 
 
+def test_a_size_the_model_fixes_is_refused_naming_the_line_that_fixes_it(tmp_path, run):
+    """Issue 43 item 1: "the model's code fixes the size" names the line torch recorded."""
+    model = tmp_path / "fixes_size.py"
+    model.write_text(f"import sys\nsys.path.insert(0, {str(EXAMPLES)!r})\nimport torch\n"
+                     "from toy_two_kernels import ToyModel\n"
+                     "class M(ToyModel):\n    def forward(self, x, y):\n"
+                     "        if x.shape[0] == 1000:\n            y = y + 1\n"
+                     "        return super().forward(x, y)\n"
+                     "model = M()\nexample_inputs = (torch.randn(1000), torch.randn(1000))\n"
+                     "n = torch.export.Dim('n', min=2, max=4096)\n"
+                     "dynamic_shapes = {'x': {0: n}, 'y': {0: n}}\n")
+    line = one_line_error(*run("dump-ir", str(model))[::2], "TraceError", "SizeBranchError")
+    assert f"at {model}:7 fixes it to the example's size" in line, line
+
+
 def test_a_missing_example_input_is_refused_before_the_capture_naming_the_parameter(tmp_path, run):
     """Issue 43 item 1: the forward's parameter left without an example, and the forward's own
     file:line, before anything runs (the forward would leave a mark)."""

@@ -303,6 +303,7 @@ def trace(model: Callable, example_inputs: tuple, dynamic_shapes: Any,
     fails for some size is an error naming it.
     """
     module = model if isinstance(model, torch.nn.Module) else _Wrapper(model)
+    _fixed_at.clear()
     try:
         program, tracer = _export(module, example_inputs, dynamic_shapes, captured, deferred=False)
     except KernelLensError:
@@ -384,8 +385,31 @@ def _recording_violations(orig: Callable) -> Callable:
                             isinstance(size.node.expr, sympy.Symbol):
                         declared[size.node.expr] = vr
             _violations.append((self, declared))
+            _fixed_at.extend(loc for sym in list(self.replacements)  # input sizes made constants
+                             if sym in self.var_to_sources and (loc := _where_fixed(self, sym)))
             raise
     return produce_guards_verbose
+
+
+# where the model's code made a declared dynamic size a constant (file:line), per violation
+_fixed_at: list[str] = []
+
+
+def _where_fixed(env: Any, sym: Any) -> str | None:
+    """``file:line`` of the code that turned the dynamic size ``sym`` into a constant, as torch's
+    shape env recorded it (``replacements_slocs``), or None."""
+    if not getattr(env.replacements.get(sym), "is_number", False):
+        return None
+    sloc = getattr(env, "replacements_slocs", {}).get(sym)
+    frame = getattr(sloc, "framework_loc", None)
+    if getattr(frame, "filename", None) and getattr(frame, "lineno", None) and \
+            not frame.filename.startswith(_NOT_USERS):
+        return f"{frame.filename}:{frame.lineno}"
+    return getattr(sloc, "maybe_user_loc", None)
+
+
+_NOT_USERS = (os.path.dirname(torch.__file__) + os.sep,
+              os.path.dirname(os.path.dirname(os.path.dirname(__file__))) + os.sep)  # torch, kernel_lens
 
 
 @contextlib.contextmanager
@@ -563,7 +587,8 @@ def _constraint_violation(text: str) -> str | None:
     if needs:
         what = f"the model's code only works for sizes where {' and '.join(needs)}"
     elif specialized:
-        what = (f"the model's code fixes it to the example's size ({'; '.join(specialized)}), "
+        where = f" at {', '.join(dict.fromkeys(_fixed_at))}" if _fixed_at else ""
+        what = (f"the model's code{where} fixes it to the example's size ({'; '.join(specialized)}), "
                 f"so it cannot be dynamic: mark it static, or find the code that makes the size "
                 f"a constant (a branch, a .item(), an int() of it)")
     else:
