@@ -124,6 +124,21 @@ def test_a_size_the_model_fixes_is_refused_naming_the_line_that_fixes_it(tmp_pat
     assert f"at {model}:7 fixes it to the example's size" in line, line
 
 
+def test_a_bf16_kernel_the_interpreter_cannot_run_names_its_line_and_the_way_past_it(tmp_path, run):
+    """Issue 43 item 1: never a bare AttributeError from Triton's CPU interpreter."""
+    model = tmp_path / "bf16_kernel.py"
+    model.write_text("import torch, triton, triton.language as tl\n"
+                     "@triton.jit\ndef k(x_ptr, y_ptr, B: tl.constexpr):\n"
+                     "    o = tl.arange(0, B)\n"
+                     "    tl.store(y_ptr + o, tl.load(x_ptr + o) * 2)\n"
+                     "class M(torch.nn.Module):\n    def forward(self, x):\n"
+                     "        y = torch.empty_like(x)\n        k[(1,)](x, y, B=16)\n        return y\n"
+                     "model = M()\nexample_inputs = (torch.randn(16, dtype=torch.bfloat16),)\n")
+    line = one_line_error(*run("compile", str(model), "-o", str(tmp_path / "o"))[::2], "CaptureError")
+    assert f"kernel k at {model}:5: Triton's interpreter failed to run this launch" in line, line
+    assert "no bfloat16: compute in fp32 there" in line and "a host with a CUDA GPU" in line, line
+
+
 def test_a_missing_example_input_is_refused_before_the_capture_naming_the_parameter(tmp_path, run):
     """Issue 43 item 1: the forward's parameter left without an example, and the forward's own
     file:line, before anything runs (the forward would leave a mark)."""
