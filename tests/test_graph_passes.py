@@ -225,19 +225,21 @@ def test_levels_and_names_resolve_and_bad_ones_are_refused():
         gp.resolve(True)
 
 
+def _run_pass(monkeypatch, name: str, run) -> None:
+    """A graph pass named ``name`` whose ``run(model)`` is ``run``, registered and run alone over
+    the sibling-MatMul graph (the checks between passes are what these tests are about)."""
+    monkeypatch.setitem(gp.PASSES, name, type(name, (gp.GraphPass,), {"name": name,
+                                                                    "run": lambda self, model: run(model)}))
+    gp.GraphPassManager([name]).run_on(oir.serde.deserialize_model(_siblings()))
+
+
 def test_a_pass_that_breaks_the_graph_is_named(monkeypatch):
-    class Breaks(gp.GraphPass):
-        name = "breaks"
+    def breaks(model):
+        model.graph.remove(next(iter(model.graph)))  # its output is still read
+        return 1
 
-        def run(self, model):
-            node = next(iter(model.graph))
-            model.graph.remove(node)  # its output is still read
-            return 1
-
-    monkeypatch.setitem(gp.PASSES, "breaks", Breaks)
-    graph = oir.serde.deserialize_model(_siblings())
     with pytest.raises(PostconditionError, match=r"after graph pass 'breaks': node .* reads 'm0' before it is defined"):
-        gp.GraphPassManager(["breaks"]).run_on(graph)
+        _run_pass(monkeypatch, "breaks", breaks)
 
 
 def test_each_pass_is_dumped_after_it_runs():
@@ -253,44 +255,31 @@ def test_each_pass_is_dumped_after_it_runs():
 
 
 def test_a_pass_that_breaks_the_graph_is_refused_even_when_it_reports_no_rewrite(monkeypatch):
-    class Quiet(gp.GraphPass):
-        name = "quiet"
+    def quiet(model):
+        model.graph.remove(next(iter(model.graph)))  # the first MatMul; its output is read
+        return 0
 
-        def run(self, model):
-            model.graph.remove(next(iter(model.graph)))  # the first MatMul; its output is read
-            return 0
-
-    monkeypatch.setitem(gp.PASSES, "quiet", Quiet)
     with pytest.raises(PostconditionError, match=r"after graph pass 'quiet'"):
-        gp.GraphPassManager(["quiet"]).run_on(oir.serde.deserialize_model(_siblings()))
+        _run_pass(monkeypatch, "quiet", quiet)
 
 
 def test_a_pass_that_leaves_a_graph_output_without_a_producer_is_refused(monkeypatch):
-    class DropsAnOutput(gp.GraphPass):
-        name = "drops_an_output"
+    def drops_an_output(model):  # the Relu making graph output y0: nothing else reads it
+        model.graph.remove(next(n for n in model.graph if n.op_type == "Relu"))
+        return 0
 
-        def run(self, model):  # the Relu making graph output y0: nothing else reads it
-            relu = next(n for n in model.graph if n.op_type == "Relu")
-            model.graph.remove(relu)
-            return 0
-
-    monkeypatch.setitem(gp.PASSES, "drops_an_output", DropsAnOutput)
     with pytest.raises(PostconditionError, match=r"graph output 'y0' is no longer produced"):
-        gp.GraphPassManager(["drops_an_output"]).run_on(oir.serde.deserialize_model(_siblings()))
+        _run_pass(monkeypatch, "drops_an_output", drops_an_output)
 
 
 def test_a_pass_that_defines_a_name_twice_is_refused(monkeypatch):
-    class Renames(gp.GraphPass):
-        name = "renames"
+    def renames(model):
+        relus = [n for n in model.graph if n.op_type == "Relu"]
+        relus[1].outputs[0].name = relus[0].outputs[0].name
+        return 1
 
-        def run(self, model):
-            relus = [n for n in model.graph if n.op_type == "Relu"]
-            relus[1].outputs[0].name = relus[0].outputs[0].name
-            return 1
-
-    monkeypatch.setitem(gp.PASSES, "renames", Renames)
     with pytest.raises(PostconditionError, match=r"value name 'y0' is defined more than once"):
-        gp.GraphPassManager(["renames"]).run_on(oir.serde.deserialize_model(_siblings()))
+        _run_pass(monkeypatch, "renames", renames)
 
 
 def test_attention_whose_mask_differs_per_query_head_is_left_alone():

@@ -648,6 +648,18 @@ def test_an_include_folder_someone_else_can_edit_is_not_compiled_in(spoil, tmp_p
                                 cache_dir=tmp_path / "cache").is_file()
 
 
+def _spoiled(folder, how: str) -> None:
+    """``folder`` made "another user's" (uid 4321: needs root, else the test is skipped),
+    "world-writable" (0777) or "sticky world-writable" (1777, as /tmp)."""
+    folder.chmod(0o755)
+    if how == "another user's":
+        if os.geteuid() != 0:
+            pytest.skip("chown to another user needs root")
+        os.chown(folder, 4321, 4321)
+    else:
+        folder.chmod(0o777 if how == "world-writable" else 0o1777)
+
+
 @pytest.mark.parametrize("parent", ["another user's", "world-writable", "sticky world-writable"])
 def test_a_cache_root_whose_parent_someone_else_can_write_is_refused(parent, tmp_path, monkeypatch):
     """issue 30, item 3: a user owning (or able to write) the folder holding the cache root could
@@ -656,13 +668,7 @@ def test_a_cache_root_whose_parent_someone_else_can_write_is_refused(parent, tmp
 
     holder = tmp_path / "holder"
     holder.mkdir()
-    holder.chmod(0o755)
-    if parent == "another user's":
-        if os.geteuid() != 0:
-            pytest.skip("chown to another user needs root")
-        os.chown(holder, 4321, 4321)
-    else:
-        holder.chmod(0o777 if parent == "world-writable" else 0o1777)
+    _spoiled(holder, parent)
     monkeypatch.setenv("KERNEL_LENS_CACHE", str(holder / "cache"))
     if parent == "sticky world-writable":
         assert kl_cache.cache_folder("aot").is_dir()
@@ -682,14 +688,8 @@ def test_a_cache_root_with_a_folder_above_its_parent_others_can_write_is_refused
 
     top = tmp_path / "top"
     (top / "mine").mkdir(parents=True)
-    for folder in (top, top / "mine"):
-        folder.chmod(0o755)
-    if above == "another user's":
-        if os.geteuid() != 0:
-            pytest.skip("chown to another user needs root")
-        os.chown(top, 4321, 4321)
-    else:
-        top.chmod(0o777)
+    (top / "mine").chmod(0o755)
+    _spoiled(top, above)
     root = top / "mine" / "cache"
     monkeypatch.setenv("KERNEL_LENS_CACHE", str(root))
     use = (lambda: kl_cache.cache_folder("aot")) if user == "kernel cache" else \
