@@ -9,7 +9,6 @@ folder whose files come from two builds (or were edited since) is refused at loa
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import json
 import logging
@@ -25,7 +24,7 @@ from pathlib import Path
 
 from . import progress
 from .errors import ArtifactError, OutputPathError, printable
-from .fileio import atomic_write, inside, process_alive, subfolder, umask
+from .fileio import atomic_write, held_lock, inside, process_alive, subfolder, umask
 
 log = logging.getLogger(__name__)
 
@@ -136,21 +135,14 @@ def one_writer(directory: Path) -> Iterator[None]:
         why = "it is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
         raise OutputPathError(f"cannot open the output folder's lock file {shown(path)}: {why}; "
                               f"remove it (it is recreated)") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+
+    def check(st: os.stat_result) -> None:
+        if not stat.S_ISREG(st.st_mode):
             raise OutputPathError(f"the output folder's lock file {shown(path)} is not a regular "
                                   f"file; remove it (it is recreated)")
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            with progress.stage(f"wait for another build writing into {directory}"):
-                fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
+
+    with held_lock(fd, check, lambda: progress.stage(f"wait for another build writing into {directory}")):
+        yield
 
 
 def move_in(staging: Path, directory: Path) -> None:

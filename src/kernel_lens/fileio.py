@@ -10,10 +10,13 @@ is made or checked with ``lstat`` to be a real folder, not a link, before a byte
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import stat
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from .errors import OutputPathError
@@ -175,3 +178,25 @@ def process_alive(pid: int) -> bool:
     except OSError:
         return True
     return True
+
+
+@contextlib.contextmanager
+def held_lock(fd: int, check: Callable[[os.stat_result], None],
+              waiting: Callable[[], contextlib.AbstractContextManager]) -> Iterator[None]:
+    """An exclusive ``flock`` on the lock file open at ``fd``, held for the ``with`` block; ``fd``
+    is closed after it. ``check`` sees the file's ``fstat`` first (and raises to refuse it); when
+    another process holds the lock, the wait happens inside ``waiting()`` (a progress stage, a log
+    line)."""
+    try:
+        check(os.fstat(fd))
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            with waiting():
+                fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

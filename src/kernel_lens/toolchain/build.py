@@ -27,7 +27,6 @@ generated sources and to any header passed among ``sources`` (included with ``#i
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
@@ -38,12 +37,13 @@ import shutil
 import stat
 import tempfile
 import time
+import contextlib
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Iterator, Mapping, Sequence
 
 from kernel_lens.errors import BuildError, CacheError, ToolchainError
-from kernel_lens.fileio import atomic_write, umask
+from kernel_lens.fileio import atomic_write, held_lock, umask
 from kernel_lens.toolchain.cache import (CACHE_HINT, FAILED, cache_folder, cache_root,
                                          entry_problem, record_hash, trusted_folder)
 from kernel_lens.toolchain.compilers import find_cxx, toolchain_id
@@ -113,23 +113,19 @@ def _locked(lock_path: Path, what: str) -> Iterator[None]:
         why = "it is a symbolic link" if os.path.islink(lock_path) else exc.strerror
         raise CacheError(f"cannot open the build cache lock file {lock_path}: {why}; remove it "
                          f"(it is recreated), or {CACHE_HINT}") from None
-    try:
-        st = os.fstat(fd)
+
+    def check(st: os.stat_result) -> None:
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
             raise CacheError(f"refusing the build cache lock file {lock_path}: it is not a regular "
                              f"file owned by the current user; remove it (it is recreated), or "
                              f"{CACHE_HINT}")
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.info("waiting for another process building %s", what)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
+
+    def waiting() -> contextlib.AbstractContextManager:
+        log.info("waiting for another process building %s", what)
+        return contextlib.nullcontext()
+
+    with held_lock(fd, check, waiting):
+        yield
 
 
 def _trim(text: str, keep_path: Path | str) -> str:
