@@ -76,11 +76,10 @@ def _manifest(directory: Path) -> dict:
         return {}
 
 
-def _listed(directory: Path) -> set[Path]:
-    """The files the folder's current manifest lists (relative), or none when it has none or
-    it cannot be read: only paths inside the folder are returned."""
+def _listed(manifest: dict) -> set[Path]:
+    """The files ``manifest`` (:func:`_manifest`) lists, relative: only paths inside the folder."""
     listed = set()
-    for name in _manifest(directory).get("artifacts", {}).values():
+    for name in manifest.get("artifacts", {}).values():
         rel = Path(str(name))
         if not rel.is_absolute() and ".." not in rel.parts and rel.parts:
             listed.add(rel)
@@ -97,9 +96,9 @@ def _kept(old: dict, new: dict, directory: Path) -> dict[str, Path]:
         log.warning("%s held the build of model %s; it is replaced by the build of %s",
                     directory, printable(str(old.get("name"))), printable(str(new.get("name"))))
         return {}
-    ours = {k.split(".", 1)[0] for k in new["artifacts"] if "." in k}
+    ours = {_target_of(k) for k in new["artifacts"] if "." in k}
     theirs = {k: v for k, v in old["artifacts"].items()
-              if isinstance(k, str) and "." in k and k.split(".", 1)[0] not in ours}
+              if isinstance(k, str) and "." in k and _target_of(k) not in ours}
     if not theirs:
         return {}
     same_ir = old.get("sha256", {}).get("ir") == new["sha256"]["ir"]
@@ -113,13 +112,18 @@ def _kept(old: dict, new: dict, directory: Path) -> dict[str, Path]:
             pass
     if kept:
         progress.log.info("%s: kept the %s artifacts of the earlier build of this model", directory,
-                          ", ".join(sorted({k.split(".", 1)[0] for k in kept})))
-    dropped = sorted({k.split(".", 1)[0] for k in theirs} - {k.split(".", 1)[0] for k in kept})
+                          ", ".join(sorted({_target_of(k) for k in kept})))
+    dropped = sorted({_target_of(k) for k in theirs} - {_target_of(k) for k in kept})
     if dropped:
         log.warning("%s: the earlier %s artifacts are removed: they were built from another "
                     "version of the model (compile with each --target you need)", directory,
                     ", ".join(dropped))
     return kept
+
+
+def _target_of(kind: str) -> str:
+    """The target an artifact kind belongs to: ``ort`` of ``ort.library``."""
+    return kind.split(".", 1)[0]
 
 
 @contextmanager
@@ -162,7 +166,7 @@ def _move_in(staging: Path, directory: Path, made: set[Path]) -> None:
     before = _manifest(directory)
     new = json.loads((staging / MANIFEST).read_text())
     kept = _kept(before, new, directory)
-    old = _listed(directory) - {Path(LOCK)} - set(kept.values())
+    old = _listed(before) - {Path(LOCK)} - set(kept.values())
     retract_manifest(directory)
     for rel in sorted(made):
         target = inside(directory, rel) if len(rel.parts) == 1 else \
