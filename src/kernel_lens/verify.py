@@ -254,56 +254,47 @@ def verify(model: Any, example_inputs: tuple, dynamic_shapes: Any, compiled: Com
         check = SizeCheck(sizes)
         sets.append(check)
         with progress.stage(f"size set {k} of {len(points)}: {', '.join(f'{s}={v}' for s, v in sizes.items())}"):
-            _check_sizes(check, ir, model, eager_model, example_inputs, dynamic_shapes, compiled, input_names,
-                         signature, gpu, repeats, tolerance)
-    return Report(ir.name, device, sets, not_checked)
-
-
-def _check_sizes(check: "SizeCheck", ir: GraphIR, model: Any, eager_model: Any, example_inputs: tuple,
-                 dynamic_shapes: Any, compiled: CompiledModel, input_names: list[str],
-                 signature: CallSignature, gpu: bool, repeats: int, tolerance) -> None:
-    """One size set of :func:`verify`: its verdicts go into ``check``."""
-    sizes = check.sizes
-    try:
-        inputs = inputs_at(ir, example_inputs, dynamic_shapes, input_names, sizes)
-    except Exception as exc:  # noqa: BLE001 - reported, not raised: the other sets still run
-        check.problem = f"inputs of these sizes could not be made: {exc}"
-        return
-    if gpu:
-        inputs = tuple(t.cuda() if isinstance(t, torch.Tensor) else t for t in inputs)
-    try:
-        values = signature.symbol_values([t for t in _flat(inputs)])
-        check.piece = getattr(values, "piece", None)
-        shapes = signature.output_shapes(values)
-    except InputError as exc:
-        check.problem = f"the compiled model refuses these sizes: {exc}"
-        return
-    try:
-        with torch.no_grad():
+            try:
+                inputs = inputs_at(ir, example_inputs, dynamic_shapes, input_names, sizes)
+            except Exception as exc:  # noqa: BLE001 - reported, not raised: the other sets still run
+                check.problem = f"inputs of these sizes could not be made: {exc}"
+                continue
             if gpu:
-                want = _flat(eager_model(*[t.clone() for t in inputs]))
-            else:  # Triton's interpreter runs the kernels on the CPU
-                want = _flat(capture(model, tuple(t.clone() for t in inputs), ir.arch).outputs)
-    except Exception as exc:  # noqa: BLE001
-        check.problem = (f"skipped: the model run eagerly refuses these sizes "
-                         f"({type(exc).__name__}: {str(exc)[:200]}); narrow the declared range?")
-        check.skipped = True
-        return
-    try:
-        got = _flat(compiled.run(*[t.clone() for t in inputs]))
-    except KernelLensError as exc:
-        check.problem = f"the compiled model failed: {exc}"
-        return
-    for spec, g, w in zip(signature.outputs, got, want):
-        check.outputs.append(_judged(spec.name, g, w, tolerance if gpu else
-                                     tolerance or cpu_tolerance(spec.dtype)))
-    if not gpu:
-        return
-    if "ort.onnx" in compiled.artifacts and "ort.library" in compiled.artifacts:
-        _check_launches(check, eager_model, inputs, compiled)
-    copies = [tuple(t.clone() for t in inputs) for _ in range(2)]
-    check.eager_ms = _median_ms(lambda: eager_model(*copies[0]), repeats)
-    check.compiled_ms = _median_ms(lambda: compiled.run(*copies[1]), repeats)
+                inputs = tuple(t.cuda() if isinstance(t, torch.Tensor) else t for t in inputs)
+            try:
+                values = signature.symbol_values([t for t in _flat(inputs)])
+                check.piece = getattr(values, "piece", None)
+                shapes = signature.output_shapes(values)
+            except InputError as exc:
+                check.problem = f"the compiled model refuses these sizes: {exc}"
+                continue
+            try:
+                with torch.no_grad():
+                    if gpu:
+                        want = _flat(eager_model(*[t.clone() for t in inputs]))
+                    else:  # Triton's interpreter runs the kernels on the CPU
+                        want = _flat(capture(model, tuple(t.clone() for t in inputs), ir.arch).outputs)
+            except Exception as exc:  # noqa: BLE001
+                check.problem = (f"skipped: the model run eagerly refuses these sizes "
+                                 f"({type(exc).__name__}: {str(exc)[:200]}); narrow the declared range?")
+                check.skipped = True
+                continue
+            try:
+                got = _flat(compiled.run(*[t.clone() for t in inputs]))
+            except KernelLensError as exc:
+                check.problem = f"the compiled model failed: {exc}"
+                continue
+            for spec, g, w in zip(signature.outputs, got, want):
+                check.outputs.append(_judged(spec.name, g, w, tolerance if gpu else
+                                             tolerance or cpu_tolerance(spec.dtype)))
+            if not gpu:
+                continue
+            if "ort.onnx" in compiled.artifacts and "ort.library" in compiled.artifacts:
+                _check_launches(check, eager_model, inputs, compiled)
+            copies = [tuple(t.clone() for t in inputs) for _ in range(2)]
+            check.eager_ms = _median_ms(lambda: eager_model(*copies[0]), repeats)
+            check.compiled_ms = _median_ms(lambda: compiled.run(*copies[1]), repeats)
+    return Report(ir.name, device, sets, not_checked)
 
 
 def _check_launches(check: SizeCheck, model: Any, inputs: tuple, compiled: CompiledModel) -> None:

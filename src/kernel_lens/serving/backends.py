@@ -222,6 +222,7 @@ class TensorRtBackend(TritonBackend):
             "(see config.pbtxt's header); re-export on the serving machine otherwise"]
 
 
+@functools.cache  # asked by the files, the config and the notes of one export: the host's answer
 def engine_not_built_here() -> str | None:
     """Why this host cannot build an engine Triton's tensorrt backend loads, or None. An engine is
     specific to the GPU and the TensorRT version it was built with: without a CUDA GPU there is
