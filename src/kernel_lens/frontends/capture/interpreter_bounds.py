@@ -215,7 +215,9 @@ _INTERNAL = tuple(os.path.dirname(m.__file__) + os.sep for m in (triton, np, tor
     (os.path.dirname(os.path.dirname(os.path.dirname(__file__))) + os.sep,)
 
 
-def _users(path: str) -> bool:
+def users_file(path: str) -> bool:
+    """A frame's file is the user's (a model, a kernel, a library's kernel): not Triton,
+    kernel_lens, numpy or torch, and not generated source."""
     return not path.startswith(_INTERNAL) and not path.startswith("<")
 
 
@@ -224,7 +226,7 @@ def _kernel_line() -> str:
     running: the innermost frame outside Triton, kernel_lens, numpy and torch."""
     frame = sys._getframe(1)
     while frame is not None:
-        if _users(frame.f_code.co_filename):
+        if users_file(frame.f_code.co_filename):
             return f" at {frame.f_code.co_filename}:{frame.f_lineno}"
         frame = frame.f_back
     return ""
@@ -235,7 +237,7 @@ def kernel_line_of(exc: BaseException) -> str:
     interpreter raised inside it) in ``exc``'s traceback, or ''."""
     found, tb = "", exc.__traceback__
     while tb is not None:
-        if _users(tb.tb_frame.f_code.co_filename):
+        if users_file(tb.tb_frame.f_code.co_filename):
             found = f" at {tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
         tb = tb.tb_next
     return found

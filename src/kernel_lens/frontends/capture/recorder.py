@@ -284,15 +284,16 @@ def _interpreter_failure(kernel: str, exc: BaseException, bf16: bool = False) ->
         tb = tb.tb_next
     innermost = tb.tb_frame.f_code.co_filename if tb is not None else ""
     language = f"{os.sep}triton{os.sep}language{os.sep}" in innermost
+    where = kernel_line_of(cause)
     hint = "compile on a host with a CUDA GPU, where the capture runs the kernel natively"
-    if innermost and kernel_line_of(cause).startswith(f" at {innermost}:"):  # the user's own code raised
+    if innermost and where.startswith(f" at {innermost}:"):  # the user's own code raised
         hint = "the kernel line named raised it (it would on a GPU too)"
     elif language and isinstance(cause, (ValueError, TypeError)) and "Interpreter" not in text:
         hint = "Triton's language refuses the kernel line named (it would on a GPU too)"  # its own checks
     elif bf16 or "bf16" in text or "bfloat16" in text:
         hint = ("Triton's CPU interpreter computes with numpy, which has no bfloat16: compute in fp32 "
                 "there (x.to(tl.float32)), give fp32 example inputs, or " + hint)
-    return CaptureError(f"kernel {kernel}{kernel_line_of(cause)}: Triton's interpreter failed to run "
+    return CaptureError(f"kernel {kernel}{where}: Triton's interpreter failed to run "
                         f"this launch: {type(cause).__name__}: {text}; {hint}")
 
 

@@ -29,6 +29,7 @@ from ...errors import (DynamicConstexprError, KernelLensError, SizeBranchError, 
                       UnsupportedKernelError)
 from .. import arguments
 from ..capture import launchers, tensor_likes
+from ..capture.interpreter_bounds import users_file
 from . import size_functions
 from .. import triton_compat as tc
 from ..capture.recorder import (CapturedLaunch, _normalize_grid, _patched, check_arguments, handle_info,
@@ -402,14 +403,9 @@ def _where_fixed(env: Any, sym: Any) -> str | None:
         return None
     sloc = getattr(env, "replacements_slocs", {}).get(sym)
     frame = getattr(sloc, "framework_loc", None)
-    if getattr(frame, "filename", None) and getattr(frame, "lineno", None) and \
-            not frame.filename.startswith(_NOT_USERS):
+    if getattr(frame, "filename", None) and getattr(frame, "lineno", None) and users_file(frame.filename):
         return f"{frame.filename}:{frame.lineno}"
     return getattr(sloc, "maybe_user_loc", None)
-
-
-_NOT_USERS = (os.path.dirname(torch.__file__) + os.sep,
-              os.path.dirname(os.path.dirname(os.path.dirname(__file__))) + os.sep)  # torch, kernel_lens
 
 
 @contextlib.contextmanager
