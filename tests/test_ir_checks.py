@@ -132,6 +132,9 @@ def test_dispatch_and_assumption_names_that_name_nothing_are_refused(toy_doc):
     doc = _copy(toy_doc)
     doc["launches"][0]["args"][0]["shape"] = ["ghost"]
     _refused(doc, r"argument 'x_ptr' uses undeclared symbols \['ghost'\]")
+    doc = _copy(toy_doc)
+    doc["launches"][0]["grid"][0] = "ghost + 1"
+    _refused(doc, r"grid uses undeclared symbols \['ghost'\]")
 
 
 def test_a_launch_argument_that_is_no_parameter_bound_twice_or_missing_is_refused(toy_doc):

@@ -218,9 +218,8 @@ _ROLES = {ParamKind.tensor: ("input", "output", "inplace"), ParamKind.tensordesc
 
 def _check_launch(launch: "Launch", kernel: KernelIR, names: set[str]) -> None:
     """A launch's own names: one argument per parameter of its kernel, in order, with a role its
-    kind takes, a tensor
-    descriptor's shape and strides as long as its rank, every expression over declared symbols,
-    and dispatch conditions on the launch's own guards."""
+    kind takes, a tensor descriptor's shape and strides as long as its rank, every expression
+    (arguments, grid, guards) over declared symbols, and dispatch conditions on its own guards."""
     where = f"launch {launch.order} ({kernel.name})"
     leaves = kernel.leaves()
     if [a.name for a in launch.args] != [p.name for p in leaves]:
@@ -243,6 +242,7 @@ def _check_launch(launch: "Launch", kernel: KernelIR, names: set[str]) -> None:
         texts = [arg.expr, arg.storage_offset, *(arg.shape or ()), *(arg.strides or ()),
                  *(arg.desc_shape or ()), *(arg.desc_strides or ())]
         _declared(where, f"argument {arg.name!r}", [t for t in texts if t is not None], names)
+    _declared(where, "grid", list(launch.grid), names)
     _declared(where, "guards", list(launch.guards.values()), names)
     for case in launch.dispatch:
         unknown = set(case.when) - set(launch.guards)
@@ -450,10 +450,6 @@ class GraphIR(_Model):
             for kernel in [launch.kernel, *(d.kernel for d in launch.dispatch)]:
                 if kernel not in self.kernels:
                     raise ValueError(f"launch {launch.order} refers to unknown kernel {kernel!r}")
-            for text in launch.grid:
-                unknown = {s.name for s in parse(text).free_symbols} - names
-                if unknown:
-                    raise ValueError(f"launch {launch.order}: grid uses undeclared symbols {unknown}")
             kernel = self.kernels[launch.kernel]
             _check_launch(launch, kernel, names)
             for arg in launch.args:
