@@ -63,7 +63,7 @@ def symbols_used(ir: GraphIR, launch: Launch) -> list[str]:
     """Symbols the node needs at run time: grid, scalars, guards, the shapes of the tensors it
     binds (outputs are allocated from them, inputs' dims checked against them), strides and
     tensor descriptors' shapes and strides."""
-    names = list(ir.symbols)
+    names = ir.symbol_names()
     texts = [*launch.grid, *launch.guards.values()]
     for arg in launch.args:
         if arg.expr is not None:
@@ -142,6 +142,12 @@ def _symbol_source(ir: GraphIR, io: LaunchIO, sym: str) -> SymbolSource:
         for d, dim in enumerate(ir.values[value].shape):
             if dim == sym:
                 return SymbolSource(i, d)
+    runtime = ir.runtime_symbols.get(sym)
+    if runtime is not None:  # a size from tensor values: a dim of its tensor, or of its carrier
+        value, dim = (runtime.value, runtime.dim) if runtime.dim is not None else (runtime.carrier, 0)
+        if value not in io.inputs:
+            io.inputs.append(value)  # read for its shape only
+        return SymbolSource(io.inputs.index(value), dim)
     info = ir.symbols[sym]
     graph_input = ir.inputs[info.input]
     if graph_input not in io.inputs:

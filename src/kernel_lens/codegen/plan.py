@@ -246,14 +246,15 @@ def _scalar(param_dtype: DType, arg) -> ScalarArg:
 
 
 def plan_launch(ir: GraphIR, index: int, launch: Launch) -> LaunchPlan:
-    names = list(ir.symbols)
+    names = ir.symbol_names()
+    ranges = ir.symbol_ranges()
     io = launch_io(ir, launch, f"__{launch.order}")
     if not io.inputs:
         raise UnsupportedKernelError(
             f"launch {index} of kernel {launch.kernel} reads no tensor and has no dynamic "
             f"dims; kernel_lens nodes need at least one input")
     symbols = [SymbolRead(name=sym, input=src.input, dim=src.dim, scale=src.scale, offset=src.offset,
-                          min=ir.symbols[sym].min, max=ir.symbols[sym].max)
+                          min=ranges[sym][0], max=ranges[sym][1])
                for sym, src in io.symbols.items()]
     sources = {(src.input, src.dim) for src in io.symbols.values() if src.scale == 1 and not src.offset}
     dim_checks = [DimCheck(input=k, dim=d, expr=text)  # every other input dim must agree with the IR
@@ -307,6 +308,6 @@ def build_plan(ir: GraphIR) -> ModelPlan:
         launches += [plan_launch(graph, offset + i, launch) for i, launch in enumerate(graph.launches)]
     kernels = ir.all_kernels()
     used = dict.fromkeys(case.kernel for p in launches for case in p.dispatch)
-    symbols = list(dict.fromkeys(s for g in [ir, *ir.graphs()] for s in g.symbols))
+    symbols = list(dict.fromkeys(s for g in [ir, *ir.graphs()] for s in g.symbol_names()))
     return ModelPlan(name=ir.name, symbols=symbols, launches=launches,
                      kernels={k: _binaries(kernels[k]) for k in used})

@@ -22,8 +22,8 @@ from .. import progress
 from ..errors import (DynamicConstexprError, InputError, SymbolicError, TraceError,
                       UnsupportedKernelError)
 from ..ir import (CompileOptions, ConstantData, ConstArg, Dispatch, GraphIR, KernelIR, KernelParam, Launch,
-                  LaunchArg, ListArg, ParamKind, Role, SymArg, SymbolInfo, TensorValue, TorchOp,
-                  ValueArg, format_expr, symbol)
+                  LaunchArg, ListArg, ParamKind, Role, RuntimeCheck, RuntimeSymbol, SymArg, SymbolInfo,
+                  TensorValue, TorchOp, ValueArg, format_expr, symbol)
 from ..ir.names import is_identifier, safe_identifier
 from ..ir.symbolic import to_plain_sympy
 from ..ir.kernel import Specialization
@@ -193,6 +193,7 @@ class _Symbols:
     def __init__(self, program: torch.export.ExportedProgram, user_inputs: list[torch.fx.Node],
                  dynamic_shapes: Any) -> None:
         self.table: dict[str, SymbolInfo] = {}
+        self.runtime: dict[str, RuntimeSymbol] = {}  # sizes from tensor values (unbacked symbols)
         self.rename: dict[sympy.Symbol, sympy.Symbol] = {}
         self.ranges = {str(k): v for k, v in program.range_constraints.items()}
         self.dynamic_shapes = dynamic_shapes
@@ -233,14 +234,37 @@ class _Symbols:
             return preferred
         return f"s{index}"
 
+    def add_runtime(self, expr: sympy.Symbol, order: int, value: str, dim: int | None,
+                    example: int, where: str) -> str:
+        """Name the unbacked symbol ``expr`` (a size torch computes from tensor values): dim
+        ``dim`` of IR value ``value``, or (``dim`` None) the value of its one element."""
+        name = next(n for k in itertools.count(len(self.runtime))
+                    if (n := f"u{k}") not in self.table and n not in self.runtime)
+        vr = self.ranges.get(str(expr))
+        lower = max(0, int(vr.lower)) if vr is not None and vr.lower.is_Integer else 0
+        upper = int(vr.upper) if vr is not None and vr.upper.is_Integer else None
+        self.rename[sympy.Symbol(expr.name, integer=True, nonnegative=True)] = symbol(name)
+        self.rename[sympy.Symbol(expr.name, integer=True)] = symbol(name)
+        self.rename[expr] = symbol(name)
+        self.runtime[name] = RuntimeSymbol(
+            order=order, value=value, dim=dim, carrier=None if dim is not None else f"{name}_carrier",
+            min=lower, max=upper, example=example, where=where[:2000])
+        return name
+
     def expr(self, value: Any, what: str) -> str:
         if isinstance(value, bool):
             raise TraceError(f"{what}: expected an integer, got bool {value}")
         if isinstance(value, int):
             return str(value)
         if isinstance(value, (torch.SymInt, torch.SymBool)):
-            torch_expr = value.node.shape_env.replace(value.node.expr)
-            ranges = value.node.shape_env.var_to_range
+            return self.expr_of(value.node.shape_env.replace(value.node.expr),
+                                value.node.shape_env.var_to_range, what)
+        raise TraceError(f"{what}: {value!r} is not an integer size")
+
+    def expr_of(self, torch_expr: sympy.Basic, ranges: Any, what: str) -> str:
+        """IR text of ``torch_expr`` (torch's sympy expression, ``ranges`` its symbols')."""
+        if True:
+            torch_expr = _without_piecewise(torch_expr)
             try:  # next_power_of_2 and friends: exact step functions over the declared range
                 raw = size_functions.tighten(size_functions.rewrite(torch_expr, ranges), ranges)
             except SymbolicError as exc:
@@ -249,13 +273,34 @@ class _Symbols:
             size_functions.check_same(torch_expr, plain, ranges, what)
             plain = plain.xreplace({s: self.rename.get(s, self.rename.get(
                 sympy.Symbol(s.name, integer=True, nonnegative=True), s)) for s in plain.free_symbols})
-            unknown = {s.name for s in plain.free_symbols} - set(self.table)
+            unknown = {s.name for s in plain.free_symbols} - set(self.table) - set(self.runtime)
             if unknown:
                 raise TraceError(f"{what} = {raw} uses sizes {sorted(unknown)} that are not a "
                                  f"dimension of any graph input (data-dependent or derived); "
                                  f"kernel_lens needs every size to be a graph-input dimension")
             return format_expr(plain)
-        raise TraceError(f"{what}: {value!r} is not an integer size")
+
+
+def _constant_of_trace(val: Any) -> bool:
+    """A value the trace made a constant: an int/bool, or a symbolic one torch specialized."""
+    if isinstance(val, (torch.SymInt, torch.SymBool)):
+        expr = val.node.shape_env.replace(val.node.expr)
+        return bool(expr.is_Number) or expr in (sympy.true, sympy.false)
+    return isinstance(val, (bool, int))
+
+
+def _without_piecewise(expr: sympy.Basic) -> sympy.Basic:
+    """A condition on a ``Piecewise`` (``sym_ite(b, 1, 0)``: an ``.item()`` of a bool tensor) as
+    the same condition in plain logic: Or over its branches of (branch condition, not an earlier
+    one, the condition on the branch's value)."""
+    while isinstance(expr, (sympy.Rel, sympy.And, sympy.Or, sympy.Not)) and expr.has(sympy.Piecewise):
+        pw = next(iter(expr.atoms(sympy.Piecewise)))
+        parts, taken = [], sympy.false
+        for value, cond in pw.args:
+            parts.append(sympy.And(cond, sympy.Not(taken), expr.xreplace({pw: value})))
+            taken = sympy.Or(taken, cond)
+        expr = sympy.simplify_logic(sympy.Or(*parts))
+    return expr
 
 
 def _dim_name(dynamic_shapes: Any, i: int, input_name: str, d: int, root: bool = False) -> str | None:
@@ -319,6 +364,7 @@ def _constant(t: torch.Tensor) -> ConstantData:
 
 
 _SKIP_OPS = ("_assert", "sym_constrain", "_check")
+_ITEM_OPS = ("aten.item.default", "aten._local_scalar_dense.default")
 # data_ptr() of a fake tensor under torch.export (tensor_likes.Tokens): 2**40 apart per storage
 _ADDRESS_TOKENS = (1 << 40, (1 << 40) * 4097)
 # torch.export wraps a region that changes grad mode or turns autocast off (HF's rotary embedding
@@ -342,6 +388,8 @@ class _GraphBuilder:
         self.dtypes: dict[str, torch.dtype] = {}  # nodes computing a dtype (torch.result_type)
         self.ops: list[TorchOp] = []
         self.launches: list[Launch] = []
+        self.checks: list[RuntimeCheck] = []
+        self.items_seen = 0  # .item() nodes met so far (the replay's items are in this order)
         sig = program.graph_signature
         placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
         self.user_inputs = [placeholders[s.arg.name] for s in sig.input_specs
@@ -415,8 +463,10 @@ class _GraphBuilder:
             item = f"{self.alias.get(node.args[0].name, node.args[0].name)}_{node.args[1]}"
             self.alias[node.name] = self.alias.get(item, item)  # an inlined body's result
             return order
+        elif "_assert_scalar" in str(node.target):
+            return self._runtime_check(node, order)
         elif any(s in str(node.target) for s in _SKIP_OPS) or isinstance(val, (torch.SymInt, torch.SymBool, int, bool)):
-            return order
+            return self._bind_unbacked(node, order, items=True)
         elif _returns_dtype(node.target):  # result_type, promote_types: fixed by the input dtypes
             args = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args]
             self.dtypes[node.name] = node.target(*args)
@@ -427,7 +477,113 @@ class _GraphBuilder:
                 and needs_decomposition(node.target, self.translatable) and (graph := decompose(node)) is not None:
             return self._inline(node, graph, order, depth)
         else:
+            after = self._bind_unbacked(node, order + 1, items=False)  # names its sizes first
             self.ops.append(self.torch_op(node, order, val))
+            return after
+        return order + 1
+
+    # --- sizes from tensor values (see frontends/capture/data_values.py) ----------------------
+    def _bind_unbacked(self, node: torch.fx.Node, order: int, items: bool) -> int:
+        """Name the unbacked symbols ``node`` makes (torch's ``unbacked_bindings``): a dim of its
+        result (nonzero's count) after its op, or (``items``) the value of its input's one
+        element (``.item()``), with a carrier: a tensor of no elements whose dim 0 it is."""
+        from torch.utils._pytree import SequenceKey
+        from torch.fx.experimental.symbolic_shapes import CallMethodKey, ConvertIntKey
+        replay = getattr(self.traced, "replay", None)
+        if items and str(node.target) in _ITEM_OPS and replay is not None:
+            k, self.items_seen = self.items_seen, self.items_seen + 1
+            if k < len(replay.items) and _constant_of_trace(node.meta.get("val")):
+                return self._pinned_item(node, order, *replay.items[k])
+        for sym, path in (node.meta.get("unbacked_bindings") or {}).items():
+            if str(sym) in {str(k) for k in self.syms.rename}:
+                continue
+            path = tuple(path)
+            example = replay.values.get(sym) if replay is not None else None
+            where = (replay.made_at.get(sym, "") if replay is not None else "") or user_line(node) or ""
+            if example is None:
+                raise TraceError(f"torch made the size {sym} from tensor values at {where or node.name}, "
+                                 f"and the eager run gave kernel_lens no value for it: the forward's "
+                                 f"data-dependent ops differ between the eager run and torch.export")
+            index = None
+            if path and isinstance(path[0], SequenceKey):
+                index, path = path[0].idx, path[1:]
+            if len(path) == 2 and isinstance(path[0], CallMethodKey) and path[0].name == "size" \
+                    and isinstance(path[1], SequenceKey) and not items:
+                value = node.name if index is None else f"{node.name}_{index}"
+                self.syms.add_runtime(sym, order, value, path[1].idx, example, where)
+                order += 1
+            elif items and index is None and path in ((), (ConvertIntKey(),)) and node.args \
+                    and isinstance(node.args[0], torch.fx.Node) \
+                    and isinstance(node.args[0].meta.get("val"), torch.Tensor):
+                source = self.alias.get(node.args[0].name, node.args[0].name)
+                if self.values[source].dtype.is_float:
+                    raise UnsupportedKernelError(
+                        f"a size is computed from the value of a floating-point tensor ({source}) "
+                        f"at {where}: run-time sizes come from integer or bool tensors")
+                name = self.syms.add_runtime(sym, order, source, None, example, where)
+                carrier = self.syms.runtime[name].carrier
+                self.values[carrier] = TensorValue(name=carrier, dtype=DType.u8, kind="intermediate",
+                                                   shape=[name, "0"], strides=["1", "1"])
+                self.ops.append(TorchOp(order=order, op="aten.empty.memory_format",
+                                        args=[ListArg(items=[SymArg(sym=name), ConstArg(const=0)])],
+                                        kwargs={"dtype": ConstArg(const="torch.uint8")},
+                                        outputs=[carrier]))
+                order += 1
+            else:
+                raise UnsupportedKernelError(
+                    f"torch computes the size {sym} from tensor values at {where or node.name} "
+                    f"through {node.target} ({path}); kernel_lens takes sizes from a dim of a "
+                    f"tensor (nonzero's count) or the value of a one-element tensor (.item())")
+        return order
+
+    def _pinned_item(self, node: torch.fx.Node, order: int, sym: Any, value: int, where: str) -> int:
+        """An ``.item()`` whose value the model's code made a constant of the trace (``int()``
+        of it, or a branch that pins it): the graph computes it at run time and checks that it
+        is still the example's value; another value is refused, naming the line."""
+        if not isinstance(node.args[0], torch.fx.Node):
+            return order
+        source = self.alias.get(node.args[0].name, node.args[0].name)
+        if source not in self.values or self.values[source].dtype.is_float:
+            return order
+        fake = sympy.Symbol(f"pinned_{order}", integer=True)
+        name = self.syms.add_runtime(fake, order, source, None, int(value), where)
+        carrier = self.syms.runtime[name].carrier
+        self.values[carrier] = TensorValue(name=carrier, dtype=DType.u8, kind="intermediate",
+                                           shape=[name, "0"], strides=["1", "1"])
+        self.ops.append(TorchOp(order=order, op="aten.empty.memory_format",
+                                args=[ListArg(items=[SymArg(sym=name), ConstArg(const=0)])],
+                                kwargs={"dtype": ConstArg(const="torch.uint8")}, outputs=[carrier]))
+        self.checks.append(RuntimeCheck(
+            order=order + 1, cond=f"Eq({name}, {int(value)})",
+            where=f"{where} (the model's code makes this tensor value a constant of the trace, "
+                  f"{int(value)}: int() of a tensor, or a branch pinning it; keep it a size "
+                  f"with .item() instead of int(), or give extra_examples)"[:2000]))
+        return order + 2
+
+    def _runtime_check(self, node: torch.fx.Node, order: int) -> int:
+        """torch's run-time assert on sizes from tensor values: an IR check, naming the line of
+        the model's branch it stands for (the other asserts hold over the declared ranges:
+        trace checked them)."""
+        cond = node.args[0]
+        val = cond.meta.get("val") if isinstance(cond, torch.fx.Node) else cond
+        if not isinstance(val, torch.SymBool):
+            return order
+        expr = val.node.shape_env.replace(val.node.expr)
+        if not any(s.name.startswith("u") for s in expr.free_symbols):
+            return order
+        replay = getattr(self.traced, "replay", None)
+        where = ""
+        if replay is not None:
+            mine = {s.name for s in expr.free_symbols}
+            same = [w for g, w in replay.guards if {s.name for s in g.free_symbols} == mine]
+            near = [w for g, w in replay.guards if {s.name for s in g.free_symbols} & mine]
+            where = (same or near or [""])[-1]
+            if not where:
+                where = next((replay.made_at[s] for s in expr.free_symbols if s in replay.made_at), "")
+        text = self.syms.expr(val, f"run-time condition {expr}")
+        if text == "True":
+            return order
+        self.checks.append(RuntimeCheck(order=order, cond=text, where=where[:2000]))
         return order + 1
 
     def _inline_wrapper(self, node: torch.fx.Node, order: int, depth: int) -> int:
@@ -705,6 +861,7 @@ def _lift_graph(model: Callable, example_inputs: tuple, dynamic_shapes: Any, *,
     ir = GraphIR(
         name=safe_identifier(display), display_name=str(display)[:512], arch=archs[0], symbols=builder.syms.table, inputs=inputs,
         outputs=outputs, values=builder.values, constants=builder.constants, ops=builder.ops,
-        launches=builder.launches, kernels=kernels,
+        launches=builder.launches, kernels=kernels, runtime_symbols=builder.syms.runtime,
+        checks=builder.checks,
     )
     return ir, captured.outputs

@@ -20,7 +20,7 @@ from .names import Identifier, MAX_NAME
 from .symbolic import SymbolInfo, SymExpr, parse, symbol
 from .types import DType
 
-SCHEMA_VERSION = "1.5"
+SCHEMA_VERSION = "1.6"
 
 # What one document may hold: far past any model (an 80-layer LLM launches a few thousand
 # kernels), near enough that a crafted document is refused before it costs seconds or gigabytes.
@@ -189,6 +189,42 @@ class SizePiece(_Model):
     graph: "GraphIR" = Field(description="a complete graph for those sizes (it has no pieces)")
 
 
+class RuntimeSymbol(_Model):
+    """A size that comes from tensor VALUES, not from input shapes (a ``nonzero()`` count, an
+    ``.item()`` used as a size): the graph computes it at run time, at position ``order``, and
+    launches read it like any other size."""
+
+    order: int = Field(description="position in program order where it becomes known")
+    value: Identifier = Field(description="the tensor it is read from")
+    dim: int | None = Field(default=None, ge=0, description="its dim ``dim``; None: the value of "
+                            "its one element (``.item()``)")
+    carrier: Identifier | None = Field(
+        default=None, description="``.item()`` symbols: a tensor of no elements and shape "
+        "[symbol, 0] made at ``order``, through which launches read the symbol from a dim")
+    min: int = Field(default=0, ge=0, description="smallest value the model's code allows")
+    max: int | None = Field(default=None, description="largest value the model's code allows")
+    example: int = Field(description="its value in the example run")
+    where: str = Field(default="", max_length=4 * MAX_NAME, description="the model's line that made it")
+
+    @model_validator(mode="after")
+    def _carried(self) -> "RuntimeSymbol":
+        if (self.dim is None) != (self.carrier is not None):
+            raise ValueError("an .item() symbol (dim None) has a carrier; a dim symbol has none")
+        if self.max is not None and self.max < self.min:
+            raise ValueError(f"its range [{self.min}, {self.max}] is empty (max < min)")
+        return self
+
+
+class RuntimeCheck(_Model):
+    """A condition on sizes (run-time symbols among them) that the traced graph needs: the
+    model's Python code branched on tensor values and the example took this way. A call where
+    it is false stops with an error naming ``where`` (no traced graph serves it)."""
+
+    order: int = Field(description="position in program order where it is checked")
+    cond: SymExpr = Field(description="boolean expression over symbols that must hold")
+    where: str = Field(default="", max_length=4 * MAX_NAME, description="the model's line that branched")
+
+
 def _check_scalar(order: int, kernel: KernelIR, arg: "LaunchArg") -> None:
     """A scalar argument given as a constant holds a value of its parameter's type."""
     try:
@@ -283,6 +319,13 @@ class GraphIR(_Model):
     ops: list[TorchOp] = Field(default_factory=list, max_length=MAX_OPS)
     launches: list[Launch] = Field(default_factory=list, max_length=MAX_LAUNCHES)
     kernels: dict[Identifier, KernelIR] = Field(default_factory=dict, max_length=MAX_KERNELS)
+    runtime_symbols: dict[Identifier, RuntimeSymbol] = Field(
+        default_factory=dict, max_length=MAX_SYMBOLS,
+        description="sizes computed from tensor values at run time (nonzero counts, .item()): "
+        "symbol -> the value and position it is read from")
+    checks: list[RuntimeCheck] = Field(
+        default_factory=list, max_length=MAX_OPS,
+        description="conditions on tensor values the traced graph needs, checked at run time")
     facts: list[str] = Field(
         default_factory=list, description="what the IR is known to satisfy (passes' 'provides')"
     )
@@ -421,7 +464,22 @@ class GraphIR(_Model):
 
     @model_validator(mode="after")
     def _references_resolve(self) -> "GraphIR":
-        names = set(self.symbols)
+        names = set(self.symbols) | set(self.runtime_symbols)
+        if set(self.symbols) & set(self.runtime_symbols):
+            raise ValueError(f"symbols {sorted(set(self.symbols) & set(self.runtime_symbols))} are both "
+                             f"input dims and run-time symbols")
+        for name, info in self.runtime_symbols.items():
+            for value in [info.value, info.carrier]:
+                if value is not None and value not in self.values:
+                    raise ValueError(f"run-time symbol {name!r} reads {value!r}, not a value of the graph")
+            if info.dim is not None and info.dim >= len(self.values[info.value].shape):
+                raise ValueError(f"run-time symbol {name!r} reads dim {info.dim} of {info.value!r}, "
+                                 f"which has rank {len(self.values[info.value].shape)}")
+            if info.carrier is not None and self.values[info.carrier].shape != [name, "0"]:
+                raise ValueError(f"run-time symbol {name!r}: its carrier {info.carrier!r} has shape "
+                                 f"{self.values[info.carrier].shape}, not [{name}, 0]")
+        for check in self.checks:
+            _declared(f"check at {check.order}", "condition", [check.cond], names)
         for name in names:
             try:
                 ok = parse(name) == symbol(name)
@@ -466,7 +524,16 @@ class GraphIR(_Model):
         return sorted([*self.ops, *self.launches], key=lambda n: n.order)
 
     def symbol_names(self) -> list[str]:
-        return list(self.symbols)
+        """Every symbol an expression may use: input dims, then sizes from tensor values."""
+        return [*self.symbols, *self.runtime_symbols]
+
+    def symbol_ranges(self) -> dict[str, tuple[int, int | None]]:
+        """symbol -> (min, max) for every symbol (max None: unbounded)."""
+        return {n: (s.min, s.max) for n, s in [*self.symbols.items(), *self.runtime_symbols.items()]}
+
+    def symbol_examples(self) -> dict[str, int]:
+        """symbol -> its value in the example run, for every symbol."""
+        return {n: s.example for n, s in [*self.symbols.items(), *self.runtime_symbols.items()]}
 
     # --- JSON I/O ----------------------------------------------------------------------------
     def to_json(self, indent: int | None = 1) -> str:

@@ -160,7 +160,30 @@ class GraphBuilder:
             out = self.node(op_type, [out, p])
         return out
 
+    def truth(self, expr: Union[str, sympy.Basic]) -> str:
+        """A [1]-shaped bool tensor holding a condition on sizes at run time."""
+        e = parse(expr, self.sym_names) if isinstance(expr, str) else expr
+        if e in (sympy.true, sympy.false):
+            return self.constant(bool(e), DType.i1, [1])
+        if isinstance(e, (sympy.And, sympy.Or)):
+            return self._fold("And" if isinstance(e, sympy.And) else "Or", [self.truth(a) for a in e.args])
+        if isinstance(e, sympy.Not):
+            return self.node("Not", [self.truth(e.args[0])])
+        compare = {sympy.Eq: "Equal", sympy.Ne: "Equal", sympy.Lt: "Less", sympy.Le: "LessOrEqual",
+                   sympy.Gt: "Greater", sympy.Ge: "GreaterOrEqual"}.get(type(e))
+        if compare is None:
+            raise UnsupportedKernelError(f"condition {e} ({type(e).__name__}) cannot be computed at "
+                                         f"run time by the ONNX lowering")
+        out = self.node(compare, [self.sym(e.lhs), self.sym(e.rhs)])
+        return self.node("Not", [out]) if isinstance(e, sympy.Ne) else out
+
     def _symbol(self, name: str) -> str:
+        if name in self.ir.runtime_symbols:  # bound where the graph computes it
+            bound = getattr(self, "runtime_bound", {}).get(name)
+            if bound is None:
+                raise UnsupportedKernelError(f"size {name} (from tensor values) is used before the "
+                                             f"graph computes it")
+            return bound
         info = self.ir.symbols.get(name)
         if info is None:
             raise UnsupportedKernelError(f"symbol {name!r} is not a graph-input dim")

@@ -67,10 +67,11 @@ from .. import aten_facts
 from ..errors import KernelLensError, SymbolicError, UnsupportedKernelError
 from ..fileio import atomic_write
 from ..toolchain import entry_cache
-from ..ir.graph import GraphIR, Launch, TensorValue, TorchOp
+from ..ir.graph import GraphIR, Launch, RuntimeCheck, RuntimeSymbol, TensorValue, TorchOp
+from ..ir.types import DType
 from ..codegen.launch_io import launch_io, root_of
 from . import aten, rewrites, torchlib
-from .context import DOMAIN, DOMAIN_VERSION, onnx_dtype, value_info
+from .context import CHECK_OP, DOMAIN, DOMAIN_VERSION, onnx_dtype, value_info
 from .graph_builder import GraphBuilder
 from .graph_passes import GraphPassManager
 from .memory import MemoryModel
@@ -103,7 +104,7 @@ class Lowering(GraphBuilder, MemoryModel):
                              f"{MIN_OPSET}+ operators (Shape start/end, axes as inputs)")
         self.ir, self.opset, self.mutated_inputs = ir, opset, mutated_inputs
         self.launch_offset = launch_offset  # a piece's launches follow the earlier pieces'
-        self.sym_names = list(ir.symbols)
+        self.sym_names = ir.symbol_names()
         self.producer: dict[str, TorchOp] = {o: op for op in ir.ops for o in op.outputs}
         self.nodes: list[onnx.NodeProto] = []
         self.errors: dict[str, KernelLensError] = {}  # placeholder node name -> why
@@ -278,11 +279,44 @@ class Lowering(GraphBuilder, MemoryModel):
                         f"kernel arguments are not supported: pass the tensor itself)")
 
     # --------------------------------------------------------------------- assembly
+    def runtime_symbol(self, name: str, info: RuntimeSymbol) -> None:
+        """Compute a size from tensor values where the program makes it: a dim of its tensor, or
+        the value of its one element (as int64)."""
+        self._scope = f"size.{name}"
+        source = self.tensor(info.value)
+        if info.dim is not None:
+            out = self.node("Shape", [source], start=info.dim, end=info.dim + 1)
+        else:
+            flat = self.node("Reshape", [source, self.i64([1])])
+            out = self.cast(flat, self.ir.values[info.value].dtype, DType.i64)
+        self.runtime_bound[name] = out
+        self._scope = "graph"
+
+    def runtime_check(self, check: RuntimeCheck) -> None:
+        """A ``kernel_lens::Check`` node: the call stops with ``message`` where ``cond`` is false
+        (no traced graph serves it). Its output, a tensor of no elements, is never read."""
+        self._scope = f"check{check.order}"
+        cond = self.truth(check.cond)
+        message = (f"the model's code at {check.where or 'an unknown line'} took another branch "
+                   f"for these inputs than for the example inputs (it needs {check.cond}); no "
+                   f"traced graph serves them: compile with extra_examples that take this branch")
+        self.node(CHECK_OP, [cond], domain=DOMAIN, outputs=[self.fresh(f"check{check.order}/ok")],
+                  message=message)
+        self._scope = "graph"
+
     def run(self) -> onnx.ModelProto:
         ir = self.ir
         launch_index = {id(l): self.launch_offset + i for i, l in enumerate(ir.launches)}
-        for node in ir.nodes():
-            if isinstance(node, Launch):
+        self.runtime_bound: dict[str, str] = {}
+        events = sorted([(n.order, 0, n) for n in ir.nodes()]
+                        + [(s.order, 1, (name, s)) for name, s in ir.runtime_symbols.items()]
+                        + [(c.order, 2, c) for c in ir.checks], key=lambda e: e[:2])
+        for _, kind, node in events:
+            if kind == 1:
+                self.runtime_symbol(*node)
+            elif kind == 2:
+                self.runtime_check(node)
+            elif isinstance(node, Launch):
                 self.launch(launch_index[id(node)], node)
             else:
                 self.torch_op(node)

@@ -78,7 +78,7 @@ class GridCanonicalization(Pass):
         return PassResult(ir, results != texts)
 
     def ensures(self, ir: GraphIR) -> None:
-        example = {n: s.example for n, s in ir.symbols.items()}
+        example = ir.symbol_examples()
         for launch in ir.launches:
             grid = tuple(evaluate(parse(g, list(example)), example) for g in launch.grid)
             if grid != tuple(launch.captured_grid):

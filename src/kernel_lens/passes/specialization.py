@@ -36,7 +36,7 @@ def _always(expr: sympy.Expr, predicate) -> bool:
 def guaranteed(ir: GraphIR, kernel: KernelIR) -> dict[str, Specialization]:
     """The subset of the kernel's assumptions that hold for every launch and every input."""
     names = ir.symbol_names()
-    ranges = {n: (s.min, s.max) for n, s in ir.symbols.items()}
+    ranges = ir.symbol_ranges()
     launches = [l for l in ir.launches
                 if l.kernel == kernel.id or any(d.kernel == kernel.id for d in l.dispatch)]
     out: dict[str, Specialization] = {}

@@ -24,7 +24,7 @@ from triton.runtime.interpreter import InterpretedFunction, InterpreterError
 
 from ...errors import CaptureError, KernelLensError, UnsupportedKernelError
 from .. import arguments
-from . import interpreter_casts, launchers, tensor_likes
+from . import data_values, interpreter_casts, launchers, tensor_likes
 from .. import triton_compat as tc
 from .libdevice_cpu import libdevice_cpu
 from .interpreter_bounds import checked_memory, kernel_line_of, tensor_ranges
@@ -66,6 +66,7 @@ class CapturedLaunches(list):
         super().__init__(launches)
         self.warmups: list[Warmup] = list(warmups)
         self.launchers = launchers.LauncherLog()  # library launchers and custom ops seen
+        self.data_log: list = []  # data-dependent ops' eager results (trace.data_values)
         self.after_launch: Callable[[CapturedLaunch], None] | None = None
 
     def append(self, launch: CapturedLaunch) -> None:
@@ -631,7 +632,7 @@ def capture(model: Callable, example_inputs: tuple, arch: int,
     recorder.launches.after_launch = after_launch
     launcher_log = launchers.LauncherLog()
     with recording(recorder), launchers.capturing(launcher_log, recorder.launches), \
-            torch.no_grad():
+            data_values.recording(recorder.launches.data_log), torch.no_grad():
         try:
             outputs = model(*example_inputs)
         except KernelLensError:

@@ -28,7 +28,7 @@ from ..._gc import paused_then_frozen
 from ...errors import (DynamicConstexprError, KernelLensError, SizeBranchError, SymbolicError, TraceError,
                       UnsupportedKernelError)
 from .. import arguments
-from ..capture import launchers, tensor_likes
+from ..capture import data_values, launchers, tensor_likes
 from ..capture.interpreter_bounds import users_file
 from . import size_functions
 from .. import triton_compat as tc
@@ -71,6 +71,7 @@ class _Tracer:
         self.launches: list[TracedLaunch] = []
         self.warmed = 0
         self.tokens = tensor_likes.Tokens()  # fake tensors' data_ptr() under torch.export
+        self.replay = data_values.Replay()  # sizes and branches from tensor values
 
     def warmup(self, jit_fn: Any) -> Any:
         """``kernel.warmup(...)`` under torch.export: the handle the eager forward's next warmup
@@ -288,7 +289,9 @@ class SizeBranch:
 
 def trace(model: Callable, example_inputs: tuple, dynamic_shapes: Any,
           captured: list[CapturedLaunch]) -> tuple[torch.export.ExportedProgram, list[TracedLaunch]]:
-    """Export ``model`` with the user's dynamic dims; returns the program and the launches.
+    """Export ``model`` with the user's dynamic dims; returns the program and the launches (a
+    list whose ``replay`` says what the trace learned of sizes from tensor values: see
+    :mod:`..capture.data_values`).
 
     When the model's Python code branches on a size inside a declared range (torch refuses the
     range with a guard on that one size), :class:`SizeBranchError` lists each such condition
@@ -325,7 +328,15 @@ def trace(model: Callable, example_inputs: tuple, dynamic_shapes: Any,
     if len(tracer.launches) != len(captured):
         raise TraceError(_missing_launches(captured, tracer.launches, program))
     _refuse_pointer_tables(program, tracer.tokens)
-    return program, tracer.launches
+    launches = TracedLaunches(tracer.launches)
+    launches.replay = tracer.replay
+    return program, launches
+
+
+class TracedLaunches(list):
+    """The traced launches, with ``replay`` (:class:`~..capture.data_values.Replay`)."""
+
+    replay: data_values.Replay
 
 
 def _refuse_pointer_tables(program: torch.export.ExportedProgram, tokens: Any) -> None:
@@ -437,6 +448,7 @@ def _export(module: torch.nn.Module, example_inputs: tuple, dynamic_shapes: Any,
     env = symbolic_shapes.ShapeEnv
     try:
         with _tracing(tracer), contextlib.redirect_stderr(chatter), _kept_logs(chatter), \
+                data_values.replaying(getattr(captured, "data_log", []), tracer.replay), \
                 _patched(env, "produce_guards_verbose", _recording_violations(env.produce_guards_verbose)):
             program = torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic_shapes,
                                           strict=False,
@@ -478,6 +490,8 @@ def _check_deferred_asserts(program: torch.export.ExportedProgram, original: Bas
         if not isinstance(val, torch.SymBool):
             continue
         expr = val.node.expr
+        if any(s.name.startswith("u") for s in expr.free_symbols):
+            continue  # a size from tensor values: an IR run-time check (lift)
         syms = sorted(expr.free_symbols, key=str)
         vr = ranges.get(str(syms[0])) if len(syms) == 1 else None
         if vr is not None and vr.upper.is_Integer:  # one bounded size: exactly

@@ -1,0 +1,164 @@
+"""Sizes and branches that come from tensor VALUES (``nonzero()`` counts, ``.item()``).
+
+torch.export gives such a size an *unbacked* symbol (``u0``) and refuses any Python branch on
+it. kernel_lens knows more than torch.export does: the eager capture ran the same forward on the
+example inputs. So the capture records what each data-dependent op returned (:func:`recording`:
+the ops torch tags ``dynamic_output_shape`` / ``data_dependent_output``, in program order), and
+the trace hands each unbacked symbol its example value as torch creates it (:func:`replaying`).
+torch then follows the branch the example took and turns the condition into a run-time assert
+(its draft-export mechanism), which becomes an IR :class:`~kernel_lens.ir.RuntimeCheck`: a call
+that would take another branch is refused, naming the model's line (:data:`Replay.guards`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import sympy
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ...errors import TraceError
+from .interpreter_bounds import users_file
+
+_TAGS = (torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output)
+_REAL_GUARD = "propagate_real_tensors"  # the message torch gives a guard it turned into an assert
+
+
+def data_dependent(func: Any) -> bool:
+    """An ATen op whose result's shape or value depends on its inputs' values."""
+    return any(tag in getattr(func, "tags", ()) for tag in _TAGS)
+
+
+def _summary(out: Any) -> Any:
+    """What the trace needs of a data-dependent op's eager result: each tensor's shape, or the
+    scalar."""
+    if isinstance(out, torch.Tensor):
+        return ("tensor", tuple(out.shape))
+    if isinstance(out, (list, tuple)):
+        return ("seq", tuple(_summary(o) for o in out))
+    if isinstance(out, (bool, int, float)):
+        return ("scalar", out)
+    return ("other", None)
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, log: list) -> None:
+        super().__init__()
+        self.log = log
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if data_dependent(func):
+            self.log.append((str(func), _summary(out), _where()))
+        return out
+
+
+@contextlib.contextmanager
+def recording(log: list) -> Iterator[None]:
+    """The eager capture's side: ``log`` gets (op, result summary, model line) for every
+    data-dependent op the forward runs."""
+    with _Recorder(log):
+        yield
+
+
+def _where() -> str:
+    """``file:line: code`` of the innermost frame of the model's own code (or a library's)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if users_file(name) and "/contextlib.py" not in name and "/torch/" not in name:
+            import linecache
+            code = linecache.getline(name, frame.f_lineno).strip()
+            return f"{name}:{frame.f_lineno}" + (f": {code[:120]}" if code else "")
+        frame = frame.f_back
+    return ""
+
+
+@dataclass
+class Replay:
+    """What the trace learned: each unbacked symbol's example value and the line that made it,
+    and each guard torch turned into a run-time assert, with the model's line that branched."""
+
+    values: dict[sympy.Symbol, int] = field(default_factory=dict)
+    items: list[tuple[Any, int, str]] = field(default_factory=list)  # each .item(): (symbol, value, line)
+    made_at: dict[sympy.Symbol, str] = field(default_factory=dict)
+    guards: list[tuple[sympy.Basic, str]] = field(default_factory=list)
+
+
+def _unbacked(expr: Any) -> bool:
+    return isinstance(expr, sympy.Symbol) and expr.name.startswith("u")
+
+
+def _assign(env: Any, replay: Replay, fake: Any, eager: Any, where: str) -> None:
+    """Give each unbacked symbol in ``fake`` (the fake result) its value in ``eager`` (the
+    summary of the eager result)."""
+    kind, data = eager
+    if kind == "seq" and isinstance(fake, (list, tuple)):
+        for f, e in zip(fake, data):
+            _assign(env, replay, f, e, where)
+        return
+    pairs: list[tuple[Any, Any]] = []
+    if kind == "tensor" and isinstance(fake, torch.Tensor):
+        pairs = [(s.node.expr, v) for s, v in zip(fake.shape, data) if isinstance(s, torch.SymInt)]
+    elif kind == "scalar" and isinstance(fake, (torch.SymInt, torch.SymBool, torch.SymFloat)):
+        expr = fake.node.expr
+        if isinstance(fake, torch.SymBool) and isinstance(expr, sympy.Eq) and expr.rhs == 1:
+            expr, data = expr.lhs, int(bool(data))  # .item() of a bool tensor: Eq(u, 1)
+        pairs = [(expr, data)]
+    for expr, value in pairs:
+        if _unbacked(expr) and isinstance(value, (bool, int)) and expr not in replay.values:
+            replay.values[expr] = int(value)
+            replay.made_at[expr] = where
+            setter = getattr(env, "set_real_tensor_prop_unbacked_vals", None) or \
+                env.set_unbacked_var_to_val  # (its name before torch 2.10)
+            setter(expr, int(value))
+
+
+@contextlib.contextmanager
+def replaying(log: list, replay: Replay) -> Iterator[None]:
+    """The trace's side: each data-dependent op under torch.export takes the next eager record
+    (the same op, or a :class:`TraceError`), and the unbacked symbols of its fake result get
+    the eager values; guards torch then decides from those values are noted in ``replay``."""
+    from torch._subclasses import fake_tensor
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    records = iter(log)
+    seen = [0]
+    impl = fake_tensor.FakeTensorMode._dispatch_impl
+    defer = ShapeEnv.guard_or_defer_runtime_assert
+
+    def dispatch(self: Any, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        out = impl(self, func, types, args, kwargs)
+        if data_dependent(func) and self.shape_env is not None:
+            record = next(records, None)
+            seen[0] += 1
+            if record is None or record[0] != str(func):
+                got = f"{record[0]} ({record[2]})" if record else "nothing"
+                raise TraceError(
+                    f"the forward's data-dependent op #{seen[0]} is {func} under torch.export but "
+                    f"was {got} in the eager run: the ops that read tensor values must be the same "
+                    f"in both (at {_where() or 'an unknown line'})")
+            _assign(self.shape_env, replay, out, record[1], record[2])
+            if "_local_scalar_dense" in str(func) and record[1][0] == "scalar":
+                expr = getattr(getattr(out, "node", None), "expr", None)
+                if isinstance(out, torch.SymBool) and isinstance(expr, sympy.Eq):
+                    expr = expr.lhs
+                replay.items.append((expr, record[1][1], record[2]))
+        return out
+
+    def guard_or_defer(self: Any, orig_expr: Any, msg: str, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(msg, str) and msg.startswith(_REAL_GUARD):
+            replay.guards.append((orig_expr, _where()))
+        return defer(self, orig_expr, msg, *args, **kwargs)
+
+    fake_tensor.FakeTensorMode._dispatch_impl = dispatch
+    ShapeEnv.guard_or_defer_runtime_assert = guard_or_defer
+    try:
+        yield
+    finally:
+        fake_tensor.FakeTensorMode._dispatch_impl = impl
+        ShapeEnv.guard_or_defer_runtime_assert = defer
