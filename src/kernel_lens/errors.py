@@ -107,6 +107,11 @@ class InputError(KernelLensError):
     """An input (example tensors, run-time tensors, options) does not match what is expected."""
 
 
+class UntracedBranchError(KernelLensError):
+    """A call whose inputs take a branch of the model's code (on tensor values) that no example
+    took: the message names the model's line."""
+
+
 class ArchError(KernelLensError):
     """An unknown or unsupported GPU architecture was asked for."""
 

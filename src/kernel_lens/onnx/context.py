@@ -23,7 +23,8 @@ DOMAIN = "kernel_lens"  # the domain of launch nodes (the custom ops kernel_lens
 DOMAIN_VERSION = 1
 # A run-time check on sizes from tensor values (IR ``checks``): input a [1] bool, attribute
 # ``message``; the call fails with the message where it is false. Output: a tensor of no elements.
-CHECK_OP = "Check"
+CHECK_OUTPUT = "kernel_lens_check."  # its output's name: this, then the check's position
+CHECK_OP = "KernelLensCheck"  # (no kernel id may be this: the lowering refuses one)
 
 ONNX_DTYPES: dict[DType, int] = {
     DType.i1: TensorProto.BOOL, DType.i8: TensorProto.INT8, DType.i16: TensorProto.INT16,

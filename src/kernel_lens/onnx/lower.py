@@ -71,7 +71,7 @@ from ..ir.graph import GraphIR, Launch, RuntimeCheck, RuntimeSymbol, TensorValue
 from ..ir.types import DType
 from ..codegen.launch_io import launch_io, root_of
 from . import aten, rewrites, torchlib
-from .context import CHECK_OP, DOMAIN, DOMAIN_VERSION, onnx_dtype, value_info
+from .context import CHECK_OP, CHECK_OUTPUT, DOMAIN, DOMAIN_VERSION, onnx_dtype, value_info
 from .graph_builder import GraphBuilder
 from .graph_passes import GraphPassManager
 from .memory import MemoryModel
@@ -226,6 +226,9 @@ class Lowering(GraphBuilder, MemoryModel):
         return outs
 
     def launch(self, idx: int, launch: Launch) -> None:
+        if launch.kernel == CHECK_OP:
+            raise UnsupportedKernelError(f"a kernel is named {CHECK_OP}, the name of kernel_lens's "
+                                         f"own run-time check node: rename the kernel")
         self._check_launch(launch)
         io = launch_io(self.ir, launch, f"__{launch.order}")
         inputs = [self._in_storage_order(self._root_now(v), self.ir.values[v]) for v in io.inputs]
@@ -300,14 +303,16 @@ class Lowering(GraphBuilder, MemoryModel):
         message = (f"the model's code at {check.where or 'an unknown line'} took another branch "
                    f"for these inputs than for the example inputs (it needs {check.cond}); no "
                    f"traced graph serves them: compile with extra_examples that take this branch")
-        self.node(CHECK_OP, [cond], domain=DOMAIN, outputs=[self.fresh(f"check{check.order}/ok")],
-                  message=message)
+        ok = f"{CHECK_OUTPUT}{check.order}"
+        self.node(CHECK_OP, [cond], domain=DOMAIN, outputs=[ok], message=message)
+        self.check_outputs.append(ok)
         self._scope = "graph"
 
     def run(self) -> onnx.ModelProto:
         ir = self.ir
         launch_index = {id(l): self.launch_offset + i for i, l in enumerate(ir.launches)}
         self.runtime_bound: dict[str, str] = {}
+        self.check_outputs: list[str] = []
         events = sorted([(n.order, 0, n) for n in ir.nodes()]
                         + [(s.order, 1, (name, s)) for name, s in ir.runtime_symbols.items()]
                         + [(c.order, 2, c) for c in ir.checks], key=lambda e: e[:2])
@@ -338,6 +343,9 @@ class Lowering(GraphBuilder, MemoryModel):
                 self._scope = "outputs"
                 self.node("Identity", [self.current[name]], outputs=[oname])
                 outputs.append(_value_info(oname, ir.values[name].dtype, ir.values[name].shape))
+        # a check's output is a graph output until the graph is optimized (which removes nodes
+        # whose outputs nothing reads); lower_graph then drops it from the outputs (_unchecked)
+        outputs += [helper.make_tensor_value_info(name, TensorProto.BOOL, [0]) for name in self.check_outputs]
         live = self._prune([o.name for o in outputs])
         for node in live:
             if node.domain == _UNSUPPORTED_DOMAIN:
@@ -533,8 +541,17 @@ def lower_graph(ir: GraphIR, *, opset: int = MIN_OPSET, mutated_inputs: bool = T
     """One graph (no pieces) lowered; its launch ``i`` has attribute ``launch = launch_offset + i``;
     ``graph_passes`` (names of :mod:`kernel_lens.onnx.graph_passes`) run after constant folding."""
     lowering = Lowering(ir, opset, mutated_inputs, launch_offset)
-    model = widen_fp8_expands(optimize(lowering.run(), graph_passes))
+    model = _unchecked(widen_fp8_expands(optimize(lowering.run(), graph_passes)))
     check_ops(model, lowering.origin)
+    return model
+
+
+def _unchecked(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` without the run-time checks' outputs among its graph outputs (they were there
+    only to keep the optimizer from removing the checks; ONNX Runtime runs every node)."""
+    kept = [o for o in model.graph.output if not o.name.startswith(CHECK_OUTPUT)]
+    del model.graph.output[:]
+    model.graph.output.extend(kept)
     return model
 
 

@@ -30,12 +30,13 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..codegen.plan import LaunchPlan, ModelPlan, build_plan
-from ..errors import InputError, KernelLensError, KernelSourceError
+from ..errors import InputError, KernelLensError, KernelSourceError, UntracedBranchError
 from ..frontends.arguments import constexpr_from_ir, tuple_type
 from ..frontends.capture.recorder import interpret_launch
 from ..frontends.source import jit_from_ir
 from ..ir import DType, GraphIR, KernelIR, KernelParam, ParamKind, parse
 from ..ir.types import torch_name
+from ..onnx.context import CHECK_OP, DOMAIN
 from .evaluate import evaluator
 from .signature import CallSignature
 
@@ -247,6 +248,20 @@ def _launch_op_class(domain: str, op_type: str, nodes: dict[int, LaunchNode]) ->
     return type(op_type, (OpRun,), {"op_domain": domain, "_run": _run})
 
 
+def _check_op_class() -> type:
+    """``kernel_lens::Check`` (see :mod:`kernel_lens.onnx.context`): the call stops with the
+    node's message where its condition is false."""
+    from onnx.reference.op_run import OpRun
+
+    def _run(self, cond, message=None, **_attributes):
+        if not bool(np.asarray(cond).all()):
+            text = message.decode() if isinstance(message, bytes) else str(message)
+            raise UntracedBranchError(text)
+        return (np.zeros((0,), dtype=np.bool_),)
+
+    return type(CHECK_OP, (OpRun,), {"op_domain": DOMAIN, "_run": _run})
+
+
 def launch_nodes(model: onnx.ModelProto) -> set[tuple[str, str]]:
     """(domain, op_type) of every node, at any depth, that is a kernel launch (it carries the
     ``launch`` attribute the lowering gives every launch node, whatever the target names it)."""
@@ -279,6 +294,7 @@ class InterpretedModel:
         names = list(self.plan.symbols)
         self.nodes = {p.index: LaunchNode(p, kernels, names) for p in self.plan.launches}
         ops = [_launch_op_class(domain, op_type, self.nodes) for domain, op_type in launch_nodes(model)]
+        ops.append(_check_op_class())
         self.evaluator = ReferenceEvaluator(model, new_ops=ops)
         self._outputs = [o.name for o in model.graph.output]
         self._written = [ir.inputs.index(n.removeprefix(MUTATED_PREFIX)) for n in self._outputs
@@ -310,7 +326,7 @@ class InterpretedModel:
         outputs = []
         for i, (spec, shape) in enumerate(zip(self.signature.outputs, call.shapes)):
             got = to_torch(by_name[f"output_{i}"], spec.ir_dtype)
-            if tuple(got.shape) != tuple(shape):
+            if shape is not None and tuple(got.shape) != tuple(shape):
                 raise KernelLensError(f"{self.ir.name}: output {i} has shape {tuple(got.shape)}, the "
                                       f"IR says {tuple(shape)}")
             if out is not None:

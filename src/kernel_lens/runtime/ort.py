@@ -49,7 +49,7 @@ from typing import Sequence
 import onnx
 import torch
 
-from ..errors import ArtifactError, InputError, KernelLensError
+from ..errors import ArtifactError, InputError, KernelLensError, UntracedBranchError
 from ..ir import GraphIR
 from ..onnx.aliasing import MUTATED_PREFIX, in_place_inputs
 from ..onnx.context import onnx_dtype
@@ -172,6 +172,13 @@ class OrtModel:
         self.cuda_graph = self.graph_mode is not None
         self.onnx_path, self.library_path = onnx_path, library_path
         self.signature = CallSignature(ir)
+        shaped_by_values = [i for i, o in enumerate(self.signature.outputs) if o.dims is None]
+        if shaped_by_values:
+            raise KernelLensError(
+                f"{ir.name}: output {shaped_by_values[0]}'s shape depends on tensor values (a size "
+                f"computed at run time); kernel_lens's CUDA runner binds outputs by shape and does "
+                f"not run such a model yet: run its ONNX file with ONNX Runtime directly (the "
+                f"custom-op library allocates outputs), or evaluate it with CPU tensors")
         self._inputs = [_Input(spec.name, spec.dtype, onnx_dtype(spec.ir_dtype))
                         for spec in self.signature.inputs]
         self._outputs = [_Output(f"output_{i}", o.dtype, onnx_dtype(o.ir_dtype))
@@ -319,7 +326,13 @@ class OrtModel:
         if side is not None:  # inputs and outputs are ready on the caller's stream
             side.ready.record(side.caller)
             side.stream.wait_event(side.ready)
-        session.run_with_iobinding(binding, options)
+        try:
+            session.run_with_iobinding(binding, options)
+        except Exception as exc:  # a run-time check of a branch on tensor values
+            marker = "UntracedBranchError: "
+            if marker in str(exc):
+                raise UntracedBranchError(str(exc).split(marker, 1)[1].strip()) from None
+            raise
         if side is not None:  # the caller's later work sees the results
             side.done.record(side.stream)
             side.caller.wait_event(side.done)

@@ -45,7 +45,8 @@ class OutputSpec:
     name: str                       # the IR value
     ir_dtype: DType
     dtype: torch.dtype
-    dims: tuple[Callable, ...]      # evaluators of the symbol values
+    dims: tuple[Callable, ...] | None  # evaluators of the symbol values; None: the shape depends on
+                                       # sizes from tensor values (known after the call)
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,8 @@ class CallSignature:
             for sym, info in ir.symbols.items())
         self.outputs: tuple[OutputSpec, ...] = tuple(
             OutputSpec(name, ir.values[name].dtype, torch_dtype(ir.values[name].dtype),
-                       () if ir.pieces else tuple(evaluator(parse(s), names) for s in ir.values[name].shape))
+                       () if ir.pieces else None if _from_values(ir, name) else
+                       tuple(evaluator(parse(s), names) for s in ir.values[name].shape))
             for name in ir.outputs)
         self._layouts: dict[tuple, CheckedCall] = {}  # input layout -> what its checks found
         self._accepted: dict[tuple, bool] = {}  # layouts and pointers whose out=/aliasing checks passed
@@ -207,7 +209,7 @@ class CallSignature:
     def output_shapes(self, values: Sequence[int]) -> list[Shape]:
         if self.pieces:
             return self.pieces[values.piece][1].output_shapes(values.own)
-        return [tuple(f(values) for f in o.dims) for o in self.outputs]
+        return [None if o.dims is None else tuple(f(values) for f in o.dims) for o in self.outputs]
 
     def check_out(self, out: Sequence[torch.Tensor], shapes: Sequence[Shape], device,
                   inputs: Sequence[torch.Tensor] = ()) -> None:
@@ -217,6 +219,9 @@ class CallSignature:
         if len(out) != len(shapes):
             raise InputError(f"out= holds {len(out)} tensors; {self.model} has {len(shapes)} outputs")
         for i, (t, shape, o) in enumerate(zip(out, shapes, self.outputs)):
+            if shape is None:
+                raise InputError(f"out[{i}]: output {i}'s shape depends on tensor values (a size "
+                                 f"computed at run time); leave out= unset")
             if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != o.dtype \
                     or t.device != device or not t.is_contiguous():
                 raise InputError(f"out[{i}] must be a contiguous {o.dtype} tensor of shape {shape} "
@@ -243,6 +248,11 @@ class CallSignature:
                     raise InputError(f"input {self.inputs[i].name!r} is written in place by the model "
                                      f"and shares memory with input {self.inputs[j].name!r}; pass "
                                      f"separate tensors (clone one of them)")
+
+
+def _from_values(ir: GraphIR, name: str) -> bool:
+    """Whether value ``name``'s shape uses a size computed from tensor values."""
+    return any(s.name in ir.runtime_symbols for d in ir.values[name].shape for s in parse(d).free_symbols)
 
 
 def layout(tensors: Sequence[object], pointers: bool = False) -> tuple | None:

@@ -21,7 +21,6 @@ import sympy
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ...errors import TraceError
 from .interpreter_bounds import users_file
 
 _TAGS = (torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output)
@@ -89,6 +88,18 @@ class Replay:
     guards: list[tuple[sympy.Basic, str]] = field(default_factory=list)
 
 
+def _new_unbacked(out: Any) -> bool:
+    """Whether a fake result holds an unbacked symbol (a size or value torch cannot know)."""
+    if isinstance(out, (list, tuple)):
+        return any(_new_unbacked(o) for o in out)
+    if isinstance(out, torch.Tensor):
+        return any(isinstance(s, torch.SymInt) and s.node.expr.free_symbols and
+                   any(_unbacked(x) for x in s.node.expr.free_symbols) for s in out.shape)
+    if isinstance(out, (torch.SymInt, torch.SymBool, torch.SymFloat)):
+        return any(_unbacked(x) for x in out.node.expr.free_symbols)
+    return False
+
+
 def _unbacked(expr: Any) -> bool:
     return isinstance(expr, sympy.Symbol) and expr.name.startswith("u")
 
@@ -121,27 +132,26 @@ def _assign(env: Any, replay: Replay, fake: Any, eager: Any, where: str) -> None
 @contextlib.contextmanager
 def replaying(log: list, replay: Replay) -> Iterator[None]:
     """The trace's side: each data-dependent op under torch.export takes the next eager record
-    (the same op, or a :class:`TraceError`), and the unbacked symbols of its fake result get
+    (the same op at the same line of the model), and the unbacked symbols of its fake result get
     the eager values; guards torch then decides from those values are noted in ``replay``."""
     from torch._subclasses import fake_tensor
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    records = iter(log)
-    seen = [0]
+    pending = list(log)
     impl = fake_tensor.FakeTensorMode._dispatch_impl
     defer = ShapeEnv.guard_or_defer_runtime_assert
 
     def dispatch(self: Any, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         out = impl(self, func, types, args, kwargs)
-        if data_dependent(func) and self.shape_env is not None:
-            record = next(records, None)
-            seen[0] += 1
-            if record is None or record[0] != str(func):
-                got = f"{record[0]} ({record[2]})" if record else "nothing"
-                raise TraceError(
-                    f"the forward's data-dependent op #{seen[0]} is {func} under torch.export but "
-                    f"was {got} in the eager run: the ops that read tensor values must be the same "
-                    f"in both (at {_where() or 'an unknown line'})")
+        if data_dependent(func) and self.shape_env is not None and _new_unbacked(out):
+            # the eager run's next result of this op at this line of the model (code that runs
+            # only outside tracing, e.g. behind is_tracing(), made records this trace skips)
+            here = _where()
+            k = next((i for i, r in enumerate(pending) if r[0] == str(func) and r[2] == here), None)
+            if k is None:
+                return out  # no value: a branch on it fails as in torch.export, naming the line
+            record = pending[k]
+            del pending[:k + 1]
             _assign(self.shape_env, replay, out, record[1], record[2])
             if "_local_scalar_dense" in str(func) and record[1][0] == "scalar":
                 expr = getattr(getattr(out, "node", None), "expr", None)

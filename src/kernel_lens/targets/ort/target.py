@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ...fileio import atomic_copy, ensure_folder, inside
 from ...ir import GraphIR
+from ...onnx.context import CHECK_OP
 from ...onnx.lower import lower_to_onnx_cached, save_onnx
 from ...onnx.rewrites import for_onnxruntime
 from ...toolchain.build import build_shared_library
@@ -42,7 +43,7 @@ def ort_sources(ir: GraphIR, api_version: int) -> dict[str, str]:
         **common_headers(),
         "kl_launches.cpp": render_launches(ir),
         "kl_ort.cpp": env.get_template("kl_ort.cpp.j2").render(
-            ir=ir, op_types=op_types(ir), api_version=api_version),
+            ir=ir, op_types=op_types(ir), api_version=api_version, check_op=CHECK_OP),
     }
 
 

@@ -150,6 +150,14 @@ class _TrtTarget(StagedTarget):
     state_type = TrtBuildState
 
     def stage_lower(self, ir: GraphIR, out_dir: Path, state: TrtBuildState) -> dict[str, Path]:
+        from_values = [g for g in ir.graphs() if g.runtime_symbols or g.checks]
+        if from_values:
+            g = from_values[0]
+            what = (f"sizes computed from tensor values ({', '.join(g.runtime_symbols)})"
+                    if g.runtime_symbols else "run-time checks of branches on tensor values")
+            raise UnsupportedKernelError(
+                f"{ir.name}: {self.name} cannot express {what}: its plugins take shapes from "
+                f"input shapes only; build --target ort for this model")
         ensure_folder(out_dir)
         path = inside(out_dir, f"{ir.name}.trt.onnx")
         state.plan = build_plan(ir)  # the emit stage prints from the same plan
