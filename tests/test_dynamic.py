@@ -111,12 +111,15 @@ dynamic_shapes = {"x": {0: torch.export.Dim("n", min=2, max=4096)}}
 '''
 
 
-def test_a_data_dependent_size_names_the_user_s_line(tmp_path):
-    from kernel_lens.errors import TraceError
+def test_a_boolean_mask_selection_is_a_run_time_size(tmp_path):
+    from conftest import eager_on_cpu
     from kernel_lens.model_file import load_model_file
 
     path = tmp_path / "mask_grid.py"
     path.write_text(MASK_MODEL)
     mf = load_model_file(path)
-    with pytest.raises(TraceError, match=r"data-dependent.*\(in the model at .*mask_grid\.py:10: sel = x\[x > 0\]\)"):
-        kl.compile(mf.model, mf.example_inputs, dynamic_shapes=mf.dynamic_shapes)
+    c = kl.compile(mf.model, mf.example_inputs, dynamic_shapes=mf.dynamic_shapes)
+    assert c.ir.runtime_symbols
+    for x in (mf.example_inputs[0], torch.linspace(-1, 1, mf.example_inputs[0].numel())):
+        got = c.run(x)
+        assert got.shape == ((x > 0).sum(),) and torch.equal(got, eager_on_cpu(mf.model, (x,)))

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import kernel_lens as kl
-from kernel_lens.errors import (CaptureError, KernelLensError, KernelSourceError, TraceError,
+from kernel_lens.errors import (UntracedBranchError, CaptureError, KernelLensError, KernelSourceError, TraceError,
                                 UnsupportedKernelError)
 
 from conftest import ROOT, load_module
@@ -20,14 +20,21 @@ bad = load_module(ROOT / "tests" / "models" / "bad_kernels.py")
 X = torch.randn(64)
 
 
-def test_grid_depending_on_tensor_values():
-    with pytest.raises(TraceError, match="tensor values"):
-        kl.compile(bad.ValueDependentGrid(), (X,), arch=90)
+def test_grid_depending_on_tensor_values_is_pinned_and_checked_at_run_time():
+    # int(...) of a tensor: the example's value, checked; another value is refused by line
+    c = kl.compile(bad.ValueDependentGrid(), (X,), arch=90)
+    assert [ch.cond.startswith("Eq(") for ch in c.ir.checks] == [True]
+    flipped = -X if (X > 0).sum() * 2 != X.numel() else X * 0 + 1
+    with pytest.raises(UntracedBranchError, match=r"bad_kernels\.py:\d+"):
+        c.run(flipped)
 
 
-def test_control_flow_depending_on_tensor_values():
-    with pytest.raises(TraceError, match="tensor values"):
-        kl.compile(bad.ValueDependentBranch(), (X,), arch=90)
+def test_control_flow_depending_on_tensor_values_runs_the_traced_branch_only():
+    c = kl.compile(bad.ValueDependentBranch(), (X,), arch=90)
+    assert c.ir.checks and all("bad_kernels.py" in ch.where for ch in c.ir.checks)
+    other = X * 0 - 1 if X.sum() > 0 else X * 0 + 1
+    with pytest.raises(UntracedBranchError, match=r"bad_kernels\.py:\d+"):
+        c.run(other)
 
 
 @pytest.mark.parametrize("model, match", [

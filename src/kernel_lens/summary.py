@@ -65,6 +65,11 @@ def _graph_lines(ir: GraphIR) -> list[str]:
                    f"the same graph)")
     elif ir.symbols:
         out.append(f"traced at {traced}")
+    for n, s in ir.runtime_symbols.items():
+        what = f"{s.value}.shape[{s.dim}]" if s.dim is not None else f"{s.value}.item()"
+        out.append(f"run-time size {n} = {what} (example {s.example}; from {s.where or 'unknown'})")
+    for c in ir.checks:
+        out.append(f"run-time check {c.cond} (else UntracedBranchError: {c.where or 'unknown'})")
     out.append("body:")
     for node in ir.nodes():
         if isinstance(node, TorchOp):

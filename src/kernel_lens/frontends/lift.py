@@ -16,6 +16,8 @@ from typing import Any, Callable, Iterable
 import sympy
 import torch
 from torch.export.graph_signature import InputKind
+from torch.fx.experimental.symbolic_shapes import CallMethodKey, ConvertIntKey
+from torch.utils._pytree import SequenceKey
 
 from ..archs import check_archs
 from .. import progress
@@ -487,8 +489,6 @@ class _GraphBuilder:
         """Name the unbacked symbols ``node`` makes (torch's ``unbacked_bindings``): a dim of its
         result (nonzero's count) after its op, or (``items``) the value of its input's one
         element (``.item()``), with a carrier: a tensor of no elements whose dim 0 it is."""
-        from torch.utils._pytree import SequenceKey
-        from torch.fx.experimental.symbolic_shapes import CallMethodKey, ConvertIntKey
         replay = getattr(self.traced, "replay", None)
         if items and str(node.target) in _ITEM_OPS and replay is not None:
             k, self.items_seen = self.items_seen, self.items_seen + 1

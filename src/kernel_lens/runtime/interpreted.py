@@ -251,7 +251,7 @@ def _launch_op_class(domain: str, op_type: str, nodes: dict[int, LaunchNode]) ->
 def _check_op_class() -> type:
     """``kernel_lens::Check`` (see :mod:`kernel_lens.onnx.context`): the call stops with the
     node's message where its condition is false."""
-    from onnx.reference.op_run import OpRun
+    from onnx.reference.op_run import OpRun  # lazy: onnx.reference takes 0.2 s to import
 
     def _run(self, cond, message=None, **_attributes):
         if not bool(np.asarray(cond).all()):

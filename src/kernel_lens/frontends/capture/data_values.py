@@ -13,12 +13,15 @@ that would take another branch is refused, naming the model's line (:data:`Repla
 from __future__ import annotations
 
 import contextlib
+import linecache
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import sympy
 import torch
+from torch._subclasses import fake_tensor
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .interpreter_bounds import users_file
@@ -70,7 +73,6 @@ def _where() -> str:
     while frame is not None:
         name = frame.f_code.co_filename
         if users_file(name) and "/contextlib.py" not in name and "/torch/" not in name:
-            import linecache
             code = linecache.getline(name, frame.f_lineno).strip()
             return f"{name}:{frame.f_lineno}" + (f": {code[:120]}" if code else "")
         frame = frame.f_back
@@ -134,9 +136,6 @@ def replaying(log: list, replay: Replay) -> Iterator[None]:
     """The trace's side: each data-dependent op under torch.export takes the next eager record
     (the same op at the same line of the model), and the unbacked symbols of its fake result get
     the eager values; guards torch then decides from those values are noted in ``replay``."""
-    from torch._subclasses import fake_tensor
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
     pending = list(log)
     impl = fake_tensor.FakeTensorMode._dispatch_impl
     defer = ShapeEnv.guard_or_defer_runtime_assert

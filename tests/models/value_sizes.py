@@ -1,0 +1,66 @@
+"""Models whose host code reads tensor VALUES (issue 40): a nonzero() count as a grid and a
+size, an .item() as a size, an .item() branch choosing what the kernel writes, int() of a tensor."""
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def gather_scale(x_ptr, idx_ptr, out_ptr, D: tl.constexpr):
+    r = tl.program_id(0)
+    row = tl.load(idx_ptr + r)
+    cols = tl.arange(0, D)
+    tl.store(out_ptr + r * D + cols, tl.load(x_ptr + row * D + cols) * 2.0)
+
+
+@triton.jit
+def ramp(src_ptr, out_ptr, n, v, BLOCK: tl.constexpr):
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    base = tl.load(src_ptr).to(tl.float32)
+    tl.store(out_ptr + o, v + base + o.to(tl.float32), mask=o < n)
+
+
+class NonzeroRows(torch.nn.Module):
+    """Rows selected by a mask, doubled: the count sets the grid and the output's rows."""
+
+    def forward(self, x, mask):
+        idx = mask.nonzero().squeeze(1)
+        n = idx.shape[0]
+        out = torch.empty((n, x.shape[1]), dtype=x.dtype)
+        if n > 0:  # BRANCH-NONZERO
+            gather_scale[(n,)](x, idx, out, D=x.shape[1])
+        return out
+
+
+class ItemSize(torch.nn.Module):
+    """A size from .item(): the output has sum(lengths) elements."""
+
+    def forward(self, lengths):
+        total = lengths.sum().item()
+        out = torch.empty(total)
+        ramp[(triton.cdiv(total, 64),)](lengths, out, total, 3.0, BLOCK=64)
+        return out
+
+
+class ItemBranch(torch.nn.Module):
+    """A branch on a value chooses the constant the kernel adds."""
+
+    def forward(self, x, mask):
+        out = torch.empty_like(x)
+        n = x.numel()
+        if not torch.any(mask).item():  # BRANCH-ANY
+            ramp[(triton.cdiv(n, 64),)](x, out, n, 1.0, BLOCK=64)
+        else:
+            ramp[(triton.cdiv(n, 64),)](x, out, n, 5.0, BLOCK=64)
+        return out
+
+
+class IntSize(torch.nn.Module):
+    """int() of a tensor: Python makes it a constant of the trace."""
+
+    def forward(self, lengths):
+        total = int(lengths.sum())  # PINNED
+        out = torch.empty(total)
+        ramp[(triton.cdiv(total, 64),)](lengths, out, total, 3.0, BLOCK=64)
+        return out
