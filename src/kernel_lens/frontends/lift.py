@@ -265,22 +265,21 @@ class _Symbols:
 
     def expr_of(self, torch_expr: sympy.Basic, ranges: Any, what: str) -> str:
         """IR text of ``torch_expr`` (torch's sympy expression, ``ranges`` its symbols')."""
-        if True:
-            torch_expr = _without_piecewise(torch_expr)
-            try:  # next_power_of_2 and friends: exact step functions over the declared range
-                raw = size_functions.tighten(size_functions.rewrite(torch_expr, ranges), ranges)
-            except SymbolicError as exc:
-                raise TraceError(f"{what} = {torch_expr}: {exc}") from None
-            plain = to_plain_sympy(raw)
-            size_functions.check_same(torch_expr, plain, ranges, what)
-            plain = plain.xreplace({s: self.rename.get(s, self.rename.get(
-                sympy.Symbol(s.name, integer=True, nonnegative=True), s)) for s in plain.free_symbols})
-            unknown = {s.name for s in plain.free_symbols} - set(self.table) - set(self.runtime)
-            if unknown:
-                raise TraceError(f"{what} = {raw} uses sizes {sorted(unknown)} that are not a "
-                                 f"dimension of any graph input (data-dependent or derived); "
-                                 f"kernel_lens needs every size to be a graph-input dimension")
-            return format_expr(plain)
+        torch_expr = _without_piecewise(torch_expr)
+        try:  # next_power_of_2 and friends: exact step functions over the declared range
+            raw = size_functions.tighten(size_functions.rewrite(torch_expr, ranges), ranges)
+        except SymbolicError as exc:
+            raise TraceError(f"{what} = {torch_expr}: {exc}") from None
+        plain = to_plain_sympy(raw)
+        size_functions.check_same(torch_expr, plain, ranges, what)
+        plain = plain.xreplace({s: self.rename.get(s, self.rename.get(
+            sympy.Symbol(s.name, integer=True, nonnegative=True), s)) for s in plain.free_symbols})
+        unknown = {s.name for s in plain.free_symbols} - set(self.table) - set(self.runtime)
+        if unknown:
+            raise TraceError(f"{what} = {raw} uses sizes {sorted(unknown)} that are not a "
+                             f"dimension of any graph input (data-dependent or derived); "
+                             f"kernel_lens needs every size to be a graph-input dimension")
+        return format_expr(plain)
 
 
 def _constant_of_trace(val: Any) -> bool:
@@ -515,19 +514,7 @@ class _GraphBuilder:
             elif items and index is None and path in ((), (ConvertIntKey(),)) and node.args \
                     and isinstance(node.args[0], torch.fx.Node) \
                     and isinstance(node.args[0].meta.get("val"), torch.Tensor):
-                source = self.alias.get(node.args[0].name, node.args[0].name)
-                if self.values[source].dtype.is_float:
-                    raise UnsupportedKernelError(
-                        f"a size is computed from the value of a floating-point tensor ({source}) "
-                        f"at {where}: run-time sizes come from integer or bool tensors")
-                name = self.syms.add_runtime(sym, order, source, None, example, where)
-                carrier = self.syms.runtime[name].carrier
-                self.values[carrier] = TensorValue(name=carrier, dtype=DType.u8, kind="intermediate",
-                                                   shape=[name, "0"], strides=["1", "1"])
-                self.ops.append(TorchOp(order=order, op="aten.empty.memory_format",
-                                        args=[ListArg(items=[SymArg(sym=name), ConstArg(const=0)])],
-                                        kwargs={"dtype": ConstArg(const="torch.uint8")},
-                                        outputs=[carrier]))
+                self._item_symbol(sym, order, node.args[0], example, where)
                 order += 1
             else:
                 raise UnsupportedKernelError(
@@ -536,23 +523,31 @@ class _GraphBuilder:
                     f"tensor (nonzero's count) or the value of a one-element tensor (.item())")
         return order
 
-    def _pinned_item(self, node: torch.fx.Node, order: int, sym: Any, value: int, where: str) -> int:
-        """An ``.item()`` whose value the model's code made a constant of the trace (``int()``
-        of it, or a branch that pins it): the graph computes it at run time and checks that it
-        is still the example's value; another value is refused, naming the line."""
-        if not isinstance(node.args[0], torch.fx.Node):
-            return order
-        source = self.alias.get(node.args[0].name, node.args[0].name)
-        if source not in self.values or self.values[source].dtype.is_float:
-            return order
-        fake = sympy.Symbol(f"pinned_{order}", integer=True)
-        name = self.syms.add_runtime(fake, order, source, None, int(value), where)
+    def _item_symbol(self, sym: Any, order: int, tensor: torch.fx.Node, example: int, where: str) -> str:
+        """The run-time symbol ``sym`` = ``tensor.item()`` at ``order``, with its carrier (a
+        tensor of no elements and shape [symbol, 0], made by an allocation at ``order``)."""
+        source = self.alias.get(tensor.name, tensor.name)
+        if self.values[source].dtype.is_float:
+            raise UnsupportedKernelError(
+                f"a size is computed from the value of a floating-point tensor ({source}) at "
+                f"{where}: run-time sizes come from integer or bool tensors")
+        name = self.syms.add_runtime(sym, order, source, None, example, where)
         carrier = self.syms.runtime[name].carrier
         self.values[carrier] = TensorValue(name=carrier, dtype=DType.u8, kind="intermediate",
                                            shape=[name, "0"], strides=["1", "1"])
         self.ops.append(TorchOp(order=order, op="aten.empty.memory_format",
                                 args=[ListArg(items=[SymArg(sym=name), ConstArg(const=0)])],
                                 kwargs={"dtype": ConstArg(const="torch.uint8")}, outputs=[carrier]))
+        return name
+
+    def _pinned_item(self, node: torch.fx.Node, order: int, sym: Any, value: int, where: str) -> int:
+        """An ``.item()`` whose value the model's code made a constant of the trace (``int()``
+        of it, or a branch that pins it): the graph computes it at run time and checks that it
+        is still the example's value; another value is refused, naming the line."""
+        if not isinstance(node.args[0], torch.fx.Node):
+            return order
+        fake = sympy.Symbol(f"pinned_{order}", integer=True)
+        name = self._item_symbol(fake, order, node.args[0], int(value), where)
         self.checks.append(RuntimeCheck(
             order=order + 1, cond=f"Eq({name}, {int(value)})",
             where=f"{where} (the model's code makes this tensor value a constant of the trace, "
