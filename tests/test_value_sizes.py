@@ -122,3 +122,163 @@ def test_tensorrt_targets_refuse_sizes_from_values_in_one_line(compiled, tmp_pat
     with pytest.raises(UnsupportedKernelError, match="build --target ort") as info:
         get_target("trt-v3").build_until(c.ir, tmp_path, "lower")
     assert "\n" not in str(info.value)
+
+
+# --- extra_examples: several traced branches, tried in order (issue 40, item 2) ---------------
+
+def flags(*bits):
+    return torch.tensor(bits, dtype=torch.bool)
+
+
+@pytest.fixture(scope="module")
+def branched():
+    """Models compiled from several examples; each compiled once."""
+    made = {}
+
+    def get(name, example, extra):
+        if name not in made:
+            made[name] = (getattr(MODELS, name)(), kl.compile(getattr(MODELS, name)(), example,
+                                                              extra_examples=extra))
+        return made[name]
+    return get
+
+
+def item_branch(branched):
+    x = torch.randn(100)
+    off, on = torch.zeros(100, dtype=torch.bool), torch.zeros(100, dtype=torch.bool)
+    on[7] = True
+    # the third example takes the example's branch again: it adds no branch
+    return (x, off, on) + branched("ItemBranch", (x, off), [(x, on), (x * 2, off)])
+
+
+def test_extra_examples_serve_each_branch_they_took(branched):
+    x, off, on, model, c = item_branch(branched)
+    assert [b.example for b in c.ir.branches] == [0, 1]
+    assert [len(b.graph.checks) for b in c.ir.branches] == [1, 1]
+    for mask in (off, on):
+        assert torch.equal(c.run(x, mask), eager_on_cpu(model, (x, mask)))
+    y = torch.randn(100)
+    more = torch.zeros(100, dtype=torch.bool)
+    more[50:] = True
+    assert torch.equal(c.run(y, more), eager_on_cpu(model, (y, more)))
+    text = c.summary()
+    assert "branches:" in text and "branch 1 (taken by extra_examples[0])" in text
+    assert "2 value branches" in repr(c)
+
+
+def test_a_branch_attempt_runs_no_launch_before_its_check_holds(branched):
+    """The lowered graph evaluates only what the first branch's condition needs before the
+    If: every launch node sits inside a branch body, none at the top level."""
+    from kernel_lens.onnx.context import DOMAIN
+    from kernel_lens.onnx.lower import lower_to_onnx
+    *_, c = item_branch(branched)
+    model = lower_to_onnx(c.ir)
+    top = [n.op_type for n in model.graph.node]
+    assert not [n for n in model.graph.node if n.domain == DOMAIN] and top[-1] == "If"
+    assert top.count("If") == 2  # the first branch's check, then the choice between branches
+
+
+def test_the_branched_ir_round_trips_and_its_signature_knows_the_output_shape(branched):
+    from kernel_lens.runtime.signature import CallSignature
+    *_, c = item_branch(branched)
+    again = GraphIR.from_json(c.ir.to_json())
+    assert again == c.ir and len(again.branches) == 2
+    assert CallSignature(c.ir, "cpu").outputs[0].dims is not None  # the branches agree on it
+
+
+def test_a_count_of_zero_taken_by_an_extra_example_is_served(branched):
+    x = torch.randn(8, 16)
+    model, c = branched("NonzeroRows", (x, flags(1, 0, 1, 0, 0, 0, 0, 0)),
+                        [(x, flags(0, 0, 0, 0, 0, 0, 0, 0))])
+    assert len(c.ir.branches) == 2 and not c.ir.branches[1].graph.launches  # eager launches none
+    for bits in [(0,) * 8, (1,) * 8, (0, 0, 0, 0, 0, 0, 0, 1)]:
+        got = c.run(x, flags(*bits))
+        assert got.shape == (sum(bits), 16) and torch.equal(got, eager_on_cpu(model, (x, flags(*bits))))
+
+
+def test_a_path_no_example_took_is_refused_and_the_others_equal_eager(branched):
+    x = torch.randn(100)
+    no, yes = flags(0, 0), flags(0, 1)
+    model, c = branched("TwoBranches", (x, no, no.clone()),
+                        [(x, yes, no), (x, no, yes), (x, yes.clone(), no)])
+    assert len(c.ir.branches) == 3
+    for a, b in [(no, no), (yes, no), (no, yes)]:
+        assert torch.equal(c.run(x, a, b.clone()), eager_on_cpu(model, (x, a, b.clone())))
+    with pytest.raises(UntracedBranchError, match="no traced graph serves them"):
+        c.run(x, yes, yes.clone())
+
+
+def test_example_tensors_that_share_memory_are_refused():
+    """torch.export takes one tensor passed twice for one input: the graph would read ``a``
+    where the forward reads ``b`` for every later call."""
+    x, no = torch.randn(100), flags(0, 0)
+    for example, extra, words in [((x, no, no), None, r"example_inputs\[1\] and example_inputs\[2\]"),
+                                  ((x, no, no.clone()), [(x, no, no[:])], r"extra_examples\[0\]\[1\]")]:
+        with pytest.raises(InputError, match=words):
+            kl.compile(MODELS.TwoBranches(), example, extra_examples=extra)
+
+
+def test_a_write_to_an_input_on_one_branch_only_is_made_on_that_branch(branched):
+    x = torch.randn(100)
+    model, c = branched("WritesInputInOneBranch", (x.clone(), flags(0)), [(x.clone(), flags(1))])
+    for flag, added in [(flags(0), 0.0), (flags(1), 4.0)]:
+        mine, theirs = x.clone(), x.clone()
+        got = c.run(mine, flag)
+        want = eager_on_cpu(model, (theirs, flag))
+        assert torch.equal(got, want) and torch.equal(mine, x + added)
+
+
+def test_extra_examples_that_describe_another_call_are_refused_in_one_line():
+    x = torch.randn(100)
+    off = torch.zeros(100, dtype=torch.bool)
+    model = MODELS.ItemBranch()
+    cases = [(torch.randn(100), "list of input tuples"),
+             ([(x,)], "tuple of 2 tensors"),
+             ([(x.double(), off)], "torch.float64"),
+             ([(x, 3)], "is a int"),
+             ([(torch.randn(50), torch.zeros(50, dtype=torch.bool))], "must be dynamic")]
+    for extra, words in cases:
+        with pytest.raises(InputError, match=words) as info:
+            kl.compile(model, (x, off), extra_examples=extra)
+        assert "\n" not in str(info.value)
+
+
+def test_a_branched_ir_is_checked_at_load(branched):
+    *_, c = item_branch(branched)
+    raw = c.ir.model_dump(mode="json")
+    one = dict(raw, branches=raw["branches"][:1])
+    with pytest.raises(IRError, match="two or more"):
+        GraphIR.from_json(json.dumps(one))
+    unchecked = json.loads(json.dumps(raw))
+    unchecked["branches"][1]["graph"]["checks"] = []
+    with pytest.raises(IRError, match="branch 1 has no checks"):
+        GraphIR.from_json(json.dumps(unchecked))
+    clash = json.loads(json.dumps(raw))
+    k0 = next(iter(clash["branches"][0]["graph"]["kernels"]))
+    g1 = clash["branches"][1]["graph"]
+    (k1, kernel), = g1["kernels"].items()
+    g1["kernels"] = {k0: {**kernel, "id": k0}}
+    for launch in g1["launches"]:
+        launch["kernel"] = k0
+        for case in launch["dispatch"]:
+            case["kernel"] = k0
+    with pytest.raises(IRError, match="unique across branches"):
+        GraphIR.from_json(json.dumps(clash))
+    both = dict(raw, pieces=[{"when": [{"ranges": {}}], "graph": raw["branches"][0]["graph"]}])
+    with pytest.raises(IRError, match="not both"):
+        GraphIR.from_json(json.dumps(both))
+
+
+def test_a_model_file_names_its_extra_examples_for_the_cli(tmp_path):
+    from kernel_lens.model_file import load_model_file
+    from kernel_lens.verify import verify_file
+    source = Path(MODELS.__file__).read_text()
+    path = tmp_path / "branchy.py"
+    path.write_text(source + "\n\nmodel = ItemBranch()\n_x = torch.randn(64)\n"
+                    "example_inputs = (_x, torch.zeros(64, dtype=torch.bool))\n"
+                    "def extra_examples():\n    return [(_x, torch.ones(64, dtype=torch.bool))]\n")
+    mf = load_model_file(path)
+    assert len(mf.extra_examples) == 1 and mf.extra_examples[0][1].all()
+    report = verify_file(str(path), cap=64)
+    assert report.ok, report.text() if hasattr(report, "text") else report
+    assert len(report.sets) == 2  # the example's sizes, then the extra example

@@ -275,7 +275,7 @@ def _compile(args: argparse.Namespace, **kwargs):
     compiled = compile(mf.model, mf.example_inputs, arch=args.arch, **_shapes(args, mf),
                        roles=args.roles or mf.roles, autotune=args.autotune or mf.autotune,
                        options=_options(args), optimize=args.opt_level,
-                       **kwargs)  # an override naming no autotuned kernel: InputError
+                       extra_examples=mf.extra_examples, **kwargs)  # an override naming no autotuned kernel: InputError
     _report_dims(args, compiled.ir)
     return compiled
 
@@ -310,7 +310,8 @@ def cmd_dump_ir(args: argparse.Namespace) -> int:
             with progress.stage(f"load model {args.file}"):
                 mf = load_model_file(args.file)
             ir = lift(mf.model, mf.example_inputs, arch=args.arch, **_shapes(args, mf),
-                      roles=args.roles or mf.roles, autotune=args.autotune or mf.autotune)
+                      roles=args.roles or mf.roles, autotune=args.autotune or mf.autotune,
+                      extra_examples=mf.extra_examples)
             _report_dims(args, ir)
         print(ir.to_json() if args.json else summarize(ir), end="\n" if args.json else "")
         return 0

@@ -66,7 +66,8 @@ class CompiledModel:
     def __repr__(self) -> str:  # one line (the dataclass's would print the whole IR: PTX, weights)
         ir = self.ir
         launches = sum(len(g.launches) for g in ir.graphs())
-        pieces = f", {len(ir.pieces)} size pieces" if ir.pieces else ""
+        pieces = (f", {len(ir.pieces)} size pieces" if ir.pieces else
+                  f", {len(ir.branches)} value branches" if ir.branches else "")
         where = f", folder={str(self.folder)!r}" if self.folder else ""
         return (f"CompiledModel({ir.name}: {len(ir.inputs)} inputs, {len(ir.outputs)} outputs, "
                 f"{launches} launches of {len(ir.all_kernels())} kernels{pieces}, {arch_names(a for a, _ in ir.built_archs())}, "
@@ -379,6 +380,7 @@ def compile(model: Callable, example_inputs: Iterable[Any], *, dynamic_shapes: A
             options: dict | None = None, output_dir: str | Path | None = None,
             targets: Iterable[str] = (), dynamic: bool = False,
             optimize: int | Sequence[str] | None = None,
+            extra_examples: Sequence[Any] | None = None,
             stop_after: str | None = None, dump_after: Iterable[str] = (),
             dump: Callable[[str, GraphIR], None] | None = None) -> CompiledModel:
     """Lift ``model`` into GraphIR and run the pass pipeline over it.
@@ -394,6 +396,10 @@ def compile(model: Callable, example_inputs: Iterable[Any], *, dynamic_shapes: A
     optimizations of the lowered ONNX graph (:mod:`kernel_lens.onnx.graph_passes`): a level
     (``0``: none; ``1``, the default: fused sibling GEMMs, grouped-query attention without
     expanded K/V) or a list of graph pass names; the user's Triton launches are never changed.
+    ``extra_examples`` (a list of input tuples like ``example_inputs``) trace the branches a
+    forward takes on tensor VALUES for other inputs: the compiled model serves every branch an
+    example took (ONNX ``If`` on the run-time condition) and refuses, naming the line, a call
+    taking a branch none took (:mod:`kernel_lens.frontends.value_branches`).
     ``stop_after`` names a pass
     (the pipeline stops there) or a stage of the targets (``kernel_lens targets`` lists them:
     ``"emit"`` writes the C++ sources and builds nothing).
@@ -416,7 +422,7 @@ def compile(model: Callable, example_inputs: Iterable[Any], *, dynamic_shapes: A
         get_target(name).preflight(stage)
     ir, outputs = lift_with_outputs(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes,
                                     arch=arch, roles=roles, autotune=autotune, dynamic=dynamic,
-                                    translatable=supported)
+                                    translatable=supported, extra_examples=extra_examples)
     check_autotune(autotune, ir)
     ir.graph_passes = graph_passes
     ir = pm.run(ir, pass_context(options), stop_after=stop_after, dump_after=dump_after, dump=dump)

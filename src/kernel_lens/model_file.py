@@ -20,6 +20,7 @@ class ModelFile:
     dynamic_shapes: Any = None
     roles: dict | None = None
     autotune: dict | None = None
+    extra_examples: list | None = None
 
 
 def _module_name(path: Path) -> str:
@@ -91,5 +92,14 @@ def load_model_file(path: str | Path) -> ModelFile:
                                  f"fix the model file") from exc
     if not isinstance(inputs, (tuple, list)):
         inputs = (inputs,)
+    extra = getattr(module, "extra_examples", None)
+    if callable(extra):
+        try:
+            extra = extra()
+        except KernelLensError:
+            raise
+        except Exception as exc:
+            raise ModelFileError(f"{path}: extra_examples() raised {type(exc).__name__}: {exc}; "
+                                 f"fix the model file") from exc
     return ModelFile(path, module.model, tuple(inputs), getattr(module, "dynamic_shapes", None),
-                     getattr(module, "roles", None), getattr(module, "autotune", None))
+                     getattr(module, "roles", None), getattr(module, "autotune", None), extra)

@@ -141,6 +141,13 @@ def summarize(ir: GraphIR, timings: Iterable = ()) -> str:
                                or "any size" for box in piece.when)
             out.append(f"piece {k}: {when}")
             out += ["  " + line for line in _graph_lines(piece.graph)]
+    elif ir.branches:
+        out.append(f"branches: the model's Python code branches on tensor values; traced from "
+                   f"{len(ir.branches)} examples, the first branch whose checks hold runs")
+        for k, branch in enumerate(ir.branches):
+            which = "example_inputs" if branch.example == 0 else f"extra_examples[{branch.example - 1}]"
+            out.append(f"branch {k} (taken by {which}):")
+            out += ["  " + line for line in _graph_lines(branch.graph)]
     else:
         out += _graph_lines(ir)
     timings = list(timings)

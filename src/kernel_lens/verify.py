@@ -230,8 +230,9 @@ def _judged(name: str, got: torch.Tensor, want: torch.Tensor,
 
 def verify(model: Any, example_inputs: tuple, dynamic_shapes: Any, compiled: CompiledModel,
            input_names: list[str], *, cap: int = MAX_SIZE, repeats: int = 10,
-           tolerance: tuple[float, float] | None = None) -> Report:
-    """Check ``compiled`` against ``model`` at :func:`size_sets` (see the module docstring).
+           tolerance: tuple[float, float] | None = None, extra_examples: Any = None) -> Report:
+    """Check ``compiled`` against ``model`` at :func:`size_sets` (see the module docstring), then
+    at each of ``extra_examples`` as given (the inputs that took other branches on values).
     ``tolerance`` (rtol, atol): outputs not bit-exact pass when within it; None: bit-exact only."""
     ir = compiled.ir
     gpu = torch.cuda.is_available()
@@ -249,13 +250,18 @@ def verify(model: Any, example_inputs: tuple, dynamic_shapes: Any, compiled: Com
                            "this folder lacks (compile with --target ort)")
     not_checked += above_cap(ir, cap)
     eager_model = copy.deepcopy(model).cuda() if gpu and isinstance(model, torch.nn.Module) else model
-    points = size_sets(ir, cap, example_sizes(ir, example_inputs))
-    for k, sizes in enumerate(points, 1):
+    points: list[tuple[dict[str, int], Any]] = [
+        (sizes, None) for sizes in size_sets(ir, cap, example_sizes(ir, example_inputs))]
+    points += [(example_sizes(ir, e), tuple(e)) for e in extra_examples or []]
+    for k, (sizes, given) in enumerate(points, 1):
         check = SizeCheck(sizes)
         sets.append(check)
-        with progress.stage(f"size set {k} of {len(points)}: {', '.join(f'{s}={v}' for s, v in sizes.items())}"):
+        extra = k - 1 - (len(points) - len(extra_examples or []))  # its index in extra_examples
+        which = f"extra_examples[{extra}]" if given is not None else f"size set {k} of {len(points)}"
+        with progress.stage(f"{which}: {', '.join(f'{s}={v}' for s, v in sizes.items())}"):
             try:
-                inputs = inputs_at(ir, example_inputs, dynamic_shapes, input_names, sizes)
+                inputs = given if given is not None else inputs_at(ir, example_inputs, dynamic_shapes,
+                                                                   input_names, sizes)
             except Exception as exc:  # noqa: BLE001 - reported, not raised: the other sets still run
                 check.problem = f"inputs of these sizes could not be made: {exc}"
                 continue
@@ -273,7 +279,8 @@ def verify(model: Any, example_inputs: tuple, dynamic_shapes: Any, compiled: Com
                     if gpu:
                         want = _flat(eager_model(*[t.clone() for t in inputs]))
                     else:  # Triton's interpreter runs the kernels on the CPU
-                        want = _flat(capture(model, tuple(t.clone() for t in inputs), ir.arch).outputs)
+                        want = _flat(capture(model, tuple(t.clone() for t in inputs), ir.arch,
+                                             launches_needed=False).outputs)
             except Exception as exc:  # noqa: BLE001
                 check.problem = (f"skipped: the model run eagerly refuses these sizes "
                                  f"({type(exc).__name__}: {str(exc)[:200]}); narrow the declared range?")
@@ -308,6 +315,15 @@ def _check_launches(check: SizeCheck, model: Any, inputs: tuple, compiled: Compi
         check.launch_note = f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
+def _on_cuda(examples: Any) -> Any:
+    """``examples`` (extra example inputs) with each tensor moved to the GPU."""
+    if not isinstance(examples, (list, tuple)):
+        return examples  # compile() says what is wrong with it
+    return [e.cuda() if isinstance(e, torch.Tensor) else
+            tuple(t.cuda() if isinstance(t, torch.Tensor) else t for t in e)
+            if isinstance(e, (list, tuple)) else e for e in examples]
+
+
 def verify_file(path: str, artifacts: str | None = None, *, cap: int = MAX_SIZE,
                 tolerance: tuple[float, float] | None = None) -> Report:
     """:func:`verify` for a model file and a compiled folder (``None``: compile it now, for the
@@ -322,13 +338,14 @@ def verify_file(path: str, artifacts: str | None = None, *, cap: int = MAX_SIZE,
         compiled = compile(copy.deepcopy(model).cuda() if isinstance(model, torch.nn.Module) else model,
                            tuple(t.cuda() if isinstance(t, torch.Tensor) else t for t in mf.example_inputs),
                            dynamic_shapes=mf.dynamic_shapes, roles=mf.roles, autotune=mf.autotune,
+                           extra_examples=_on_cuda(mf.extra_examples),
                            targets=["ort"])
     else:
         compiled = compile(model, mf.example_inputs, dynamic_shapes=mf.dynamic_shapes,
-                           roles=mf.roles, autotune=mf.autotune)
+                           roles=mf.roles, autotune=mf.autotune, extra_examples=mf.extra_examples)
     for name, t in zip(compiled.ir.inputs, mf.example_inputs):
         if isinstance(t, torch.Tensor) and t.dtype != torch_dtype(compiled.ir.values[name].dtype):
             raise InputError(f"{path}'s example input {name!r} is {t.dtype}, but the artifacts "
                              f"were compiled for {compiled.ir.values[name].dtype}: not this model's")
     return verify(model, mf.example_inputs, mf.dynamic_shapes, compiled, names, cap=cap,
-                  tolerance=tolerance)
+                  tolerance=tolerance, extra_examples=mf.extra_examples)

@@ -144,8 +144,9 @@ def compare_launches(model: Any, inputs: tuple, ir: GraphIR, onnx_path: Path, li
                      device: int) -> tuple[list[LaunchCheck], str]:
     """Each launch's written tensors, eager against compiled; the second item says why no
     comparison was made (empty when it was)."""
-    if ir.pieces:
-        return [], "per-launch results of a model split by size (its launches are in If branches)"
+    if ir.pieces or ir.branches:
+        what = "split by size" if ir.pieces else "traced from several examples (value branches)"
+        return [], f"per-launch results of a model {what} (its launches are in If branches)"
     ios = [launch_io(ir, launch, f"__{launch.order}") for launch in ir.launches]
     eager = eager_launch_results(model, tuple(t.clone() for t in inputs), ir, ios)
     if len(eager) != len(ir.launches):

@@ -64,3 +64,37 @@ class IntSize(torch.nn.Module):
         out = torch.empty(total)
         ramp[(triton.cdiv(total, 64),)](lengths, out, total, 3.0, BLOCK=64)
         return out
+
+
+@triton.jit
+def add_in_place(x_ptr, n, v, BLOCK: tl.constexpr):
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + o, tl.load(x_ptr + o, mask=o < n) + v, mask=o < n)
+
+
+class TwoBranches(torch.nn.Module):
+    """Two independent branches on values: four paths, each adding other constants."""
+
+    def forward(self, x, a, b):
+        out = torch.empty_like(x)
+        n = x.numel()
+        v = 1.0
+        if a.any().item():  # BRANCH-A
+            v = 2.0
+        w = 10.0
+        if b.any().item():  # BRANCH-B
+            w = 20.0
+        ramp[(triton.cdiv(n, 64),)](x, out, n, v + w, BLOCK=64)
+        return out
+
+
+class WritesInputInOneBranch(torch.nn.Module):
+    """A kernel writes its input in place on one branch only; both return a fresh result."""
+
+    def forward(self, x, flag):
+        n = x.numel()
+        if flag.any().item():  # BRANCH-WRITE
+            add_in_place[(triton.cdiv(n, 64),)](x, n, 4.0, BLOCK=64)
+        out = torch.empty_like(x)
+        ramp[(triton.cdiv(n, 64),)](x, out, n, 0.5, BLOCK=64)
+        return out

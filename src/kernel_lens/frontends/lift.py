@@ -11,7 +11,7 @@ import logging
 import math
 import operator
 import re
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import sympy
 import torch
@@ -34,6 +34,7 @@ from .aot import compile_binary, jit_resolver
 from .capture.recorder import CapturedLaunch, capture, kernel_name
 from .trace.decompose import decompose, needs_decomposition, tensor_args
 from . import arguments
+from . import value_branches
 from .trace import size_functions, size_pieces
 from .trace.shapes_check import check_dynamic_shapes, check_forward_takes
 from .source import describe_kernel
@@ -59,7 +60,22 @@ def check_example_inputs(example_inputs: object) -> tuple:
             raise InputError(f"example_inputs[{i}] is a {type(t).__name__}, not a torch.Tensor; "
                              f"kernel_lens compiles models whose inputs are tensors (make "
                              f"constants attributes of the model, or pass torch.tensor(value))")
+    check_distinct(example_inputs, "example_inputs")
     return tuple(example_inputs)
+
+
+def check_distinct(inputs: Sequence[torch.Tensor], what: str) -> None:
+    """No two example tensors share memory: torch.export traces such inputs as one (a graph
+    reading the first where the forward reads the second), wrong for any call passing two."""
+    seen: dict[int, int] = {}
+    for i, t in enumerate(inputs):
+        if not isinstance(t, torch.Tensor) or t.numel() == 0 or t.device.type == "meta":
+            continue
+        j = seen.setdefault(t.untyped_storage().data_ptr(), i)
+        if j != i:
+            raise InputError(f"{what}[{j}] and {what}[{i}] share memory (the same tensor or views "
+                             f"of one): the trace would take them for one input; pass distinct "
+                             f"tensors (e.g. {what}[{i}].clone())")
 
 
 def check_roles(roles: object) -> dict[str, dict[str, str]]:
@@ -746,7 +762,8 @@ def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes:
                       roles: dict[str, dict[str, str]] | None = None,
                       autotune: dict[str, dict] | None = None,
                       name: str | None = None, dynamic: bool = False,
-                      translatable: Callable[[str], bool] | None = None) -> tuple[GraphIR, Any]:
+                      translatable: Callable[[str], bool] | None = None,
+                      extra_examples: Any = None) -> tuple[GraphIR, Any]:
     """The front half (capture, trace, AOT compile) ending in GraphIR, and what the captured
     eager forward returned (:func:`kernel_lens.compiler.lift` is the public entry).
 
@@ -761,7 +778,10 @@ def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes:
     piece (:mod:`.size_pieces`): the result then has ``pieces``, one graph per part of the range.
 
     ``arch`` is one compute capability or several (``[80, 90]``): every kernel gets binaries for
-    each; the capture runs for the first (the IR's ``arch``)."""
+    each; the capture runs for the first (the IR's ``arch``).
+
+    ``extra_examples`` (a list of input tuples) are traced too; where they take other branches on
+    tensor values than the example, the result has ``branches`` (:mod:`.value_branches`)."""
     example_inputs = check_example_inputs(example_inputs)
     if dynamic and dynamic_shapes is not None:
         raise InputError("pass either dynamic=True or dynamic_shapes, not both (dynamic=True "
@@ -782,6 +802,9 @@ def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes:
                            display=display, dynamic=dynamic, translatable=translatable)
 
     names = input_names(model, len(example_inputs))
+    extra = value_branches.check_extra_examples(extra_examples, tuple(example_inputs), names)
+    for k, inputs in enumerate(extra):
+        check_distinct(inputs, f"extra_examples[{k}]")
     ir, outputs = size_pieces.lift_in_pieces(lift_one, tuple(example_inputs), dynamic_shapes, names)
     if ir.pieces and any(p.graph.runtime_symbols or p.graph.checks for p in ir.pieces):
         raise UnsupportedKernelError(
@@ -797,6 +820,10 @@ def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes:
     ir = size_pieces.prove_ends(ir, traced_again, tuple(example_inputs), dynamic_shapes, names,
                                 size_pieces.PROOF_BUDGET_GPU if native else size_pieces.PROOF_BUDGET_CPU,
                                 forward=_forward_line(model))
+    def lift_extra(inputs: tuple, shapes: Any) -> tuple[GraphIR, Any]:
+        return _lift_graph(model, inputs, shapes, archs=archs, roles=roles, autotune=autotune,
+                           display=display, dynamic=dynamic, translatable=translatable, extra=True)
+    ir = value_branches.lift_branches(lift_extra, ir, extra, dynamic_shapes, names)
     if dynamic:
         log.info("dynamic=True settled on:\n%s", describe_dims(ir))
     return ir, outputs
@@ -829,11 +856,12 @@ def _lift_graph(model: Callable, example_inputs: tuple, dynamic_shapes: Any, *,
                 archs: tuple[int, ...],
                 roles: dict, autotune: dict | None, display: str, dynamic: bool,
                 translatable: Callable[[str], bool] | None,
-                binaries: bool = True) -> tuple[GraphIR, Any]:
+                binaries: bool = True, extra: bool = False) -> tuple[GraphIR, Any]:
     """Capture, trace and AOT-compile one graph (see :func:`lift_with_outputs`); with
-    ``binaries=False`` the kernels get no binaries (a graph traced only to be compared)."""
+    ``binaries=False`` the kernels get no binaries (a graph traced only to be compared); an
+    ``extra`` example's branch may launch no kernel."""
     with progress.stage("capture"):  # the eager run that records the Triton launches
-        captured = capture(model, tuple(example_inputs), archs[0], autotune)
+        captured = capture(model, tuple(example_inputs), archs[0], autotune, launches_needed=not extra)
     while True:
         try:
             with progress.stage("trace"):  # torch.export

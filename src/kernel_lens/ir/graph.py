@@ -20,7 +20,7 @@ from .names import Identifier, MAX_NAME
 from .symbolic import SymbolInfo, SymExpr, parse, symbol
 from .types import DType
 
-SCHEMA_VERSION = "1.6"
+SCHEMA_VERSION = "1.7"
 
 # What one document may hold: far past any model (an 80-layer LLM launches a few thousand
 # kernels), near enough that a crafted document is refused before it costs seconds or gigabytes.
@@ -189,6 +189,16 @@ class SizePiece(_Model):
     graph: "GraphIR" = Field(description="a complete graph for those sizes (it has no pieces)")
 
 
+class ValueBranch(_Model):
+    """One path through a forward that branches on tensor values, traced from one example
+    (see ``GraphIR.branches``): its graph's ``checks`` say when it serves a call."""
+
+    example: int = Field(ge=0, description="the example that took it: 0 the example inputs, "
+                         "k the k-th of extra_examples")
+    graph: "GraphIR" = Field(description="a complete graph for the calls its checks admit (it has "
+                             "no pieces and no branches)")
+
+
 class RuntimeSymbol(_Model):
     """A size that comes from tensor VALUES, not from input shapes (a ``nonzero()`` count, an
     ``.item()`` used as a size): the graph computes it at run time, at position ``order``, and
@@ -343,6 +353,11 @@ class GraphIR(_Model):
     pieces: list[SizePiece] = Field(
         default_factory=list, max_length=MAX_PIECES, description="size branches: the graphs serving parts of the declared "
         "ranges, tried in order (empty: one graph, this one, serves every size)")
+    branches: list[ValueBranch] = Field(
+        default_factory=list, max_length=MAX_PIECES, description="value branches: graphs traced "
+        "from several examples that took different branches on tensor values, tried in order; the "
+        "first whose checks hold serves the call, and a call no branch admits fails with the last "
+        "branch's check (empty: one graph)")
 
     @model_validator(mode="before")
     @classmethod
@@ -351,7 +366,7 @@ class GraphIR(_Model):
         if isinstance(data, dict):
             for field, limit in (("symbols", MAX_SYMBOLS), ("values", MAX_VALUES), ("ops", MAX_OPS),
                                  ("launches", MAX_LAUNCHES), ("kernels", MAX_KERNELS),
-                                 ("pieces", MAX_PIECES)):
+                                 ("pieces", MAX_PIECES), ("branches", MAX_PIECES)):
                 held = data.get(field)
                 if isinstance(held, (list, dict)) and len(held) > limit:
                     raise ValueError(f"{field} holds {len(held)} entries; an IR holds at most "
@@ -382,6 +397,40 @@ class GraphIR(_Model):
                     raise ValueError(f"kernel id {kid!r} is used by pieces {owners[kid]} and {k}; "
                                      f"kernel ids are unique across pieces")
         self._pieces_tile_the_ranges()
+        return self
+
+    @model_validator(mode="after")
+    def _branches_are_consistent(self) -> "GraphIR":
+        """Branches hold the whole graph (the top level only the interface), each takes the
+        model's inputs and gives its outputs, every branch has checks (a branch without any
+        would serve every call, and the branches after it none), and kernel ids are unique."""
+        if not self.branches:
+            return self
+        if self.pieces:
+            raise ValueError("a graph has size pieces or value branches, not both")
+        if len(self.branches) < 2:
+            raise ValueError("value branches come two or more (one branch is a plain graph)")
+        if self.ops or self.launches or self.kernels or self.runtime_symbols or self.checks:
+            raise ValueError("a graph with value branches keeps its ops, launches, kernels, run-time "
+                             "symbols and checks in the branches")
+        owners: dict[str, int] = {}
+        for k, branch in enumerate(self.branches):
+            g = branch.graph
+            if g.pieces or g.branches:
+                raise ValueError(f"branch {k}: a branch's graph has no pieces or branches of its own")
+            if g.inputs != self.inputs or len(g.outputs) != len(self.outputs):
+                raise ValueError(f"branch {k}: its graph takes inputs {g.inputs} and gives "
+                                 f"{len(g.outputs)} outputs; the model takes {self.inputs} and gives "
+                                 f"{len(self.outputs)}")
+            if set(g.symbols) - set(self.symbols):
+                raise ValueError(f"branch {k} uses undeclared symbols "
+                                 f"{sorted(set(g.symbols) - set(self.symbols))}")
+            if not g.checks:
+                raise ValueError(f"branch {k} has no checks: it would serve every call")
+            for kid in g.kernels:
+                if owners.setdefault(kid, k) != k:
+                    raise ValueError(f"kernel id {kid!r} is used by branches {owners[kid]} and {k}; "
+                                     f"kernel ids are unique across branches")
         return self
 
     def _pieces_tile_the_ranges(self) -> None:
@@ -444,9 +493,13 @@ class GraphIR(_Model):
                 specific[b.arch] = specific.get(b.arch, False) or b.arch_specific
         return sorted(specific.items()) or [(self.arch, False)]
 
+    def parts(self) -> list[Union[SizePiece, ValueBranch]]:
+        """The size pieces or the value branches (each holds a ``graph``); empty for one graph."""
+        return [*self.pieces, *self.branches]
+
     def graphs(self) -> list["GraphIR"]:
-        """The graphs that run: this one, or each piece's."""
-        return [p.graph for p in self.pieces] if self.pieces else [self]
+        """The graphs that run: this one, each piece's, or each value branch's."""
+        return [p.graph for p in self.parts()] or [self]
 
     def all_kernels(self) -> dict[str, KernelIR]:
         """Every kernel of every graph that runs, by id."""
@@ -582,6 +635,7 @@ class GraphIR(_Model):
 
 
 SizePiece.model_rebuild()
+ValueBranch.model_rebuild()
 
 
 def _nesting(raw: object) -> int:

@@ -75,6 +75,7 @@ from .context import CHECK_OP, CHECK_OUTPUT, DOMAIN, DOMAIN_VERSION, onnx_dtype,
 from .graph_builder import GraphBuilder
 from .graph_passes import GraphPassManager
 from .memory import MemoryModel
+from .branches import combine_branches
 from .pieces import combine_pieces
 from .external_data import check_locations, tensors
 
@@ -520,18 +521,22 @@ def lower_to_onnx(ir: GraphIR, *, opset: int = MIN_OPSET,
     ``mutated_inputs``: also output ``mutated_<input>`` for each graph input the model writes
     in place (ONNX cannot mutate inputs; the runtime copies these back into the caller's tensors).
     A model split by size (``ir.pieces``) becomes one graph choosing its piece with ``If``
-    (:mod:`kernel_lens.onnx.pieces`).
+    (:mod:`kernel_lens.onnx.pieces`); one traced from several examples (``ir.branches``) tries
+    its branches in order with ``If`` (:mod:`kernel_lens.onnx.branches`).
     """
-    if not ir.pieces:
+    if not ir.parts():
         return lower_graph(ir, opset=opset, mutated_inputs=mutated_inputs,
                            graph_passes=ir.graph_passes)
     models, offset = [], 0
-    for piece in ir.pieces:  # weights the pieces share are kept once, at the top level
-        graph = piece.graph.model_copy(update={"constants": {**ir.constants, **piece.graph.constants}})
+    for part in ir.parts():  # weights the parts share are kept once, at the top level
+        graph = part.graph.model_copy(update={"constants": {**ir.constants, **part.graph.constants}})
         models.append(lower_graph(graph, opset=opset, mutated_inputs=mutated_inputs,
                                   launch_offset=offset, graph_passes=ir.graph_passes))
-        offset += len(piece.graph.launches)
-    model = combine_pieces(ir, models, Lowering(ir, opset, mutated_inputs))
+        offset += len(part.graph.launches)
+    if ir.branches:
+        model = combine_branches(ir, models)
+    else:
+        model = combine_pieces(ir, models, Lowering(ir, opset, mutated_inputs))
     check_ops(model)
     return model
 

@@ -48,7 +48,7 @@ def combine_pieces(ir: GraphIR, models: list[onnx.ModelProto],
                      key=lambda n: ir.inputs.index(n.removeprefix("mutated_")))
     final = outputs + mutated
     shared: dict[str, onnx.TensorProto] = {}
-    branches = [_branch(model.graph, k, inputs, outputs, mutated, shared)
+    branches = [branch_body(model.graph, k, inputs, outputs, mutated, shared)
                 for k, model in enumerate(models)]
     nodes: list = []
     conditions = [_condition(ir, piece.when, nodes, k) for k, piece in enumerate(ir.pieces[:-1])]
@@ -72,7 +72,7 @@ def combine_pieces(ir: GraphIR, models: list[onnx.ModelProto],
         joined = _node(nodes, "Concat", part, f"pieces.{name}", axis=0)
         nodes.append(helper.make_node("Reshape", [joined, shape], [name], name=f"pieces.shape.{name}"))
     graph_inputs = [value_info(n, ir.values[n].dtype, ir.values[n].shape) for n in ir.inputs]
-    graph_outputs = [_common(f, branches, i) for i, f in enumerate(final)]
+    graph_outputs = [common_info(f, branches, i) for i, f in enumerate(final)]
     graph = helper.make_graph(nodes, ir.name, graph_inputs, graph_outputs,
                               initializer=list(shared.values()),
                               doc_string=f"Lowered by kernel_lens from GraphIR {ir.name!r}, split by "
@@ -136,8 +136,8 @@ def _empties(like: onnx.GraphProto, name: str) -> onnx.GraphProto:
     return helper.make_graph(nodes, name, [], outs)
 
 
-def _common(name: str, branches: list[onnx.GraphProto], index: int) -> onnx.ValueInfoProto:
-    """A graph output's value info: dims every piece agrees on, others left unnamed."""
+def common_info(name: str, branches: list[onnx.GraphProto], index: int) -> onnx.ValueInfoProto:
+    """A graph output's value info: dims every piece (branch) agrees on, others left unnamed."""
     infos = [b.output[index] for b in branches]
     out = onnx.ValueInfoProto()
     out.CopyFrom(infos[0])
@@ -149,11 +149,11 @@ def _common(name: str, branches: list[onnx.GraphProto], index: int) -> onnx.Valu
     return out
 
 
-def _branch(graph: onnx.GraphProto, k: int, inputs: set[str], outputs: list[str],
-            mutated: list[str], shared: dict[str, onnx.TensorProto]) -> onnx.GraphProto:
-    """Piece ``k``'s graph as a branch body: no inputs (outer scope), names prefixed, weights
-    shared with other pieces hoisted, the outputs every branch gives."""
-    prefix = f"p{k}."
+def branch_body(graph: onnx.GraphProto, k: int, inputs: set[str], outputs: list[str],
+                mutated: list[str], shared: dict[str, onnx.TensorProto], tag: str = "p") -> onnx.GraphProto:
+    """Part ``k``'s graph as a branch body: no inputs (outer scope), names prefixed with
+    ``<tag><k>.``, weights shared with other parts hoisted, the outputs every branch gives."""
+    prefix = f"{tag}{k}."
     rename: dict[str, str] = {}
     keep = []
     for init in graph.initializer:
@@ -193,7 +193,8 @@ def _branch(graph: onnx.GraphProto, k: int, inputs: set[str], outputs: list[str]
             info = next(i for i in _inputs_info(graph) if i.name == source)
             outs.append(_renamed_info(info, alias))
     infos = [_renamed_info(v, name(v.name)) for v in graph.value_info]
-    return helper.make_graph(nodes, f"piece_{k}", [], outs, initializer=keep, value_info=infos)
+    title = f"piece_{k}" if tag == "p" else f"branch_{k}"
+    return helper.make_graph(nodes, title, [], outs, initializer=keep, value_info=infos)
 
 
 def _inputs_info(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:

@@ -270,11 +270,11 @@ class PassManager:
             p.ensures(out)
             return out, result.modified
 
-        if not ir.pieces:
+        if not ir.parts():
             return one(ir)
         ir = ir.model_copy(deep=True)
         modified = False
-        for piece in ir.pieces:
+        for piece in ir.parts():
             piece.graph, changed = one(piece.graph)
             modified = modified or changed
         ir.facts = sorted(set(ir.facts) | set(p.provides))

@@ -7,13 +7,15 @@ from ..ir import GraphIR, ParamKind
 
 
 def verify(ir: GraphIR) -> None:
-    """Raise IRError naming the first broken invariant (in every piece of a model split by size)."""
-    if ir.pieces:
-        for k, piece in enumerate(ir.pieces):
+    """Raise IRError naming the first broken invariant (in every piece of a model split by size,
+    every branch of a model traced from several examples)."""
+    if ir.parts():
+        what = "piece" if ir.pieces else "branch"
+        for k, part in enumerate(ir.parts()):
             try:
-                verify(piece.graph)
+                verify(part.graph)
             except IRError as exc:
-                raise IRError(f"piece {k}: {exc}") from None
+                raise IRError(f"{what} {k}: {exc}") from None
         return
     for kid, kernel in ir.kernels.items():
         if kid != kernel.id:

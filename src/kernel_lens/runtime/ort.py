@@ -179,6 +179,11 @@ class OrtModel:
                 f"computed at run time); kernel_lens's CUDA runner binds outputs by shape and does "
                 f"not run such a model yet: run its ONNX file with ONNX Runtime directly (the "
                 f"custom-op library allocates outputs), or evaluate it with CPU tensors")
+        if self.cuda_graph and any(g.runtime_symbols or g.checks for g in ir.graphs()):
+            raise KernelLensError(
+                f"{ir.name}: cuda_graph={cuda_graph!r}, but the model reads tensor values on the "
+                f"host (run-time sizes or branch checks), which a CUDA graph cannot replay: run "
+                f"without cuda_graph")
         self._inputs = [_Input(spec.name, spec.dtype, onnx_dtype(spec.ir_dtype))
                         for spec in self.signature.inputs]
         self._outputs = [_Output(f"output_{i}", o.dtype, onnx_dtype(o.ir_dtype))

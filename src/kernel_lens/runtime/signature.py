@@ -121,9 +121,9 @@ class CallSignature:
             for sym, info in ir.symbols.items())
         self.outputs: tuple[OutputSpec, ...] = tuple(
             OutputSpec(name, ir.values[name].dtype, torch_dtype(ir.values[name].dtype),
-                       () if ir.pieces else None if _from_values(ir, name) else
+                       () if ir.pieces else None if _from_values(ir, i) else
                        tuple(evaluator(parse(s), names) for s in ir.values[name].shape))
-            for name in ir.outputs)
+            for i, name in enumerate(ir.outputs))
         self._layouts: dict[tuple, CheckedCall] = {}  # input layout -> what its checks found
         self._accepted: dict[tuple, bool] = {}  # layouts and pointers whose out=/aliasing checks passed
 
@@ -250,9 +250,13 @@ class CallSignature:
                                      f"separate tensors (clone one of them)")
 
 
-def _from_values(ir: GraphIR, name: str) -> bool:
-    """Whether value ``name``'s shape uses a size computed from tensor values."""
-    return any(s.name in ir.runtime_symbols for d in ir.values[name].shape for s in parse(d).free_symbols)
+def _from_values(ir: GraphIR, index: int) -> bool:
+    """Whether output ``index``'s shape depends on tensor values: it uses a size computed from
+    them, or (a model traced from several examples) the value branches give it other shapes."""
+    graphs = ir.graphs()
+    shapes = {tuple(g.values[g.outputs[index]].shape) for g in graphs}
+    return len(shapes) > 1 or any(s.name in g.runtime_symbols for g in graphs
+                                  for d in g.values[g.outputs[index]].shape for s in parse(d).free_symbols)
 
 
 def layout(tensors: Sequence[object], pointers: bool = False) -> tuple | None:

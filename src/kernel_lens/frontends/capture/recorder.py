@@ -621,9 +621,11 @@ def _forward_failure(exc: BaseException, native: bool) -> CaptureError:
 
 def capture(model: Callable, example_inputs: tuple, arch: int,
             autotune: dict[str, dict] | None = None,
-            after_launch: Callable[[CapturedLaunch], None] | None = None) -> Capture:
+            after_launch: Callable[[CapturedLaunch], None] | None = None,
+            launches_needed: bool = True) -> Capture:
     """Run ``model(*example_inputs)`` once, recording every Triton launch in program order
-    (``after_launch`` is called with each right after it ran)."""
+    (``after_launch`` is called with each right after it ran). A forward that launches none is
+    refused unless ``launches_needed`` is false (an extra example whose branch launches none)."""
     devices = _devices(example_inputs)
     native = "cuda" in devices
     if native and devices != {"cuda"}:
@@ -639,7 +641,7 @@ def capture(model: Callable, example_inputs: tuple, arch: int,
             raise
         except Exception as exc:
             raise _forward_failure(exc, native) from exc
-    if not recorder.launches:
+    if not recorder.launches and launches_needed:
         raise CaptureError("the forward launched no @triton.jit kernel; nothing to compile")
     recorder.launches.launchers = launcher_log
     return Capture(recorder.launches, outputs, native)

@@ -335,7 +335,7 @@ def _combine(pieces: list[tuple[Cell, GraphIR, Any, bool]], state: _State) -> Gr
     taken: set[str] = set()
     out = []
     for k, (cell, graph, _, _) in enumerate(pieces):
-        graph = _unique_kernels(graph.model_copy(deep=True), k, taken)
+        graph = unique_kernels(graph.model_copy(deep=True), k, taken)
         graph.constants = {n: c for n, c in graph.constants.items() if n not in shared}
         out.append(SizePiece(when=[SizeBox(ranges={names[d]: r for d, r in cell.items()})],
                              graph=graph))
@@ -357,13 +357,15 @@ def _interface_value(name: str, graphs: list[GraphIR], symbols: dict[str, Symbol
     return value
 
 
-def _unique_kernels(graph: GraphIR, k: int, taken: set[str]) -> GraphIR:
+def unique_kernels(graph: GraphIR, k: int, taken: set[str], tag: str = "p") -> GraphIR:
+    """``graph`` (part ``k`` of a model) with each kernel id not in ``taken`` (then added to it):
+    ``<id>_<tag><k>`` where another part has the id."""
     renames = {}
     for kid in graph.kernels:
         new, n = kid, 0
         while new in taken:
             n += 1
-            new = f"{kid}_p{k}" if n == 1 else f"{kid}_p{k}_{n}"
+            new = f"{kid}_{tag}{k}" if n == 1 else f"{kid}_{tag}{k}_{n}"
         renames[kid] = new
         taken.add(new)
     if all(a == b for a, b in renames.items()):
