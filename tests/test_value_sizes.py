@@ -282,3 +282,24 @@ def test_a_model_file_names_its_extra_examples_for_the_cli(tmp_path):
     report = verify_file(str(path), cap=64)
     assert report.ok, report.text() if hasattr(report, "text") else report
     assert len(report.sets) == 2  # the example's sizes, then the extra example
+
+
+def test_the_models_line_is_never_pythons_own_library_nor_a_test_tools_wrapper():
+    """A check names the model's line: frames of the standard library (contextlib, functools)
+    and of mutmut's trampolines are skipped; a library installed under the interpreter's own
+    prefix is a library's code and is kept."""
+    from kernel_lens.frontends.capture import data_values as dv
+    assert dv._not_model(dv._STDLIB + "contextlib.py") and dv._not_model(dv._MUTMUT + "trampoline.py")
+    assert not dv._not_model(dv._STDLIB + "site-packages/somelib/ops.py")
+    assert not dv._not_model(dv._STDLIB + "dist-packages/somelib/ops.py")
+    assert not dv._not_model("/home/me/model.py")
+
+
+def test_a_launch_inside_a_torch_compiled_helper_is_captured_like_a_plain_one():
+    """Capture and trace run a @torch.compile'd helper as written (its backend is never asked)."""
+    x = torch.randn(100)
+    model = MODELS.CompiledHelper()
+    c = kl.compile(model, (x,))
+    assert [l.kernel for l in c.ir.launches] == ["ramp"] and not MODELS.COMPILER_CALLS
+    with torch.compiler.set_stance("force_eager"):  # the eager reference, as written too
+        assert torch.equal(c.run(x), eager_on_cpu(model, (x,)))

@@ -98,3 +98,27 @@ class WritesInputInOneBranch(torch.nn.Module):
         out = torch.empty_like(x)
         ramp[(triton.cdiv(n, 64),)](x, out, n, 0.5, BLOCK=64)
         return out
+
+
+COMPILER_CALLS = []
+
+
+def _refusing_backend(gm, inputs):
+    """A torch.compile backend that records being asked: kernel_lens must never ask it."""
+    COMPILER_CALLS.append(gm)
+    raise RuntimeError("torch.compile compiled a helper during kernel_lens's capture or trace")
+
+
+@torch.compile(backend=_refusing_backend)
+def compiled_helper(x):
+    out = torch.empty_like(x)
+    n = x.numel()
+    ramp[(triton.cdiv(n, 64),)](x, out, n, 1.5, BLOCK=64)
+    return out * 2
+
+
+class CompiledHelper(torch.nn.Module):
+    """Library code that wraps its Triton launch in a @torch.compile'd helper."""
+
+    def forward(self, x):
+        return compiled_helper(x) + 1

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import linecache
+import os
 import sys
+import sysconfig
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -67,12 +69,24 @@ def recording(log: list) -> Iterator[None]:
         yield
 
 
+# Frames that are never the model's line: Python's own library (contextlib, functools), and
+# mutmut's trampolines, which wrap kernel_lens's functions when the mutation gate runs.
+_STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
+_MUTMUT = os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "mutmut") + os.sep
+
+
+def _not_model(path: str) -> bool:
+    """Python's own library (an installed package under it is a library's code, kept) or mutmut."""
+    packages = f"{os.sep}site-packages{os.sep}" in path or f"{os.sep}dist-packages{os.sep}" in path
+    return (path.startswith(_STDLIB) and not packages) or path.startswith(_MUTMUT)
+
+
 def _where() -> str:
     """``file:line: code`` of the innermost frame of the model's own code (or a library's)."""
     frame = sys._getframe(1)
     while frame is not None:
         name = frame.f_code.co_filename
-        if users_file(name) and "/contextlib.py" not in name and "/torch/" not in name:
+        if users_file(name) and not _not_model(name) and "/torch/" not in name:
             code = linecache.getline(name, frame.f_lineno).strip()
             return f"{name}:{frame.f_lineno}" + (f": {code[:120]}" if code else "")
         frame = frame.f_back
