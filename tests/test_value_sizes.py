@@ -303,3 +303,16 @@ def test_a_launch_inside_a_torch_compiled_helper_is_captured_like_a_plain_one():
     assert [l.kernel for l in c.ir.launches] == ["ramp"] and not MODELS.COMPILER_CALLS
     with torch.compiler.set_stance("force_eager"):  # the eager reference, as written too
         assert torch.equal(c.run(x), eager_on_cpu(model, (x,)))
+
+
+def test_the_ort_target_of_a_branched_model_resolves_and_its_folder_equals_eager(branched, tmp_path, ort_headers):
+    """The ORT target's own graph (opset 23, the custom-op library, a KernelLensCheck in the last
+    branch) is what a loaded folder evaluates; ONNX Runtime resolves every op of every branch."""
+    from conftest import assert_loads_in_ort
+    x, off, on, model, c = item_branch(branched)
+    c.write(tmp_path, ["ort"])
+    assert_loads_in_ort(c.artifacts["ort.onnx"], c.artifacts["ort.library"])
+    again = kl.load(tmp_path)
+    assert len(again.ir.branches) == 2
+    for mask in (off, on):
+        assert torch.equal(again.run(x, mask), eager_on_cpu(model, (x, mask)))
