@@ -316,3 +316,39 @@ def test_the_ort_target_of_a_branched_model_resolves_and_its_folder_equals_eager
     assert len(again.ir.branches) == 2
     for mask in (off, on):
         assert torch.equal(again.run(x, mask), eager_on_cpu(model, (x, mask)))
+
+
+def test_a_dim_range_holding_one_splits_into_pieces_and_values_are_read_in_each(branched):
+    """Dim(min=1): size 1 is a piece of its own (torch's 0/1 specialization); each piece reads
+    values and checks its branches, and each extra example joins the piece of its sizes."""
+    from torch.export import Dim
+    n = Dim("n", min=1, max=4096)
+    x, off = torch.randn(100), torch.zeros(100, dtype=torch.bool)
+    model = MODELS.ItemBranch()
+    c = kl.compile(model, (x, off), dynamic_shapes=({0: n}, {0: n}),
+                   extra_examples=[(x, off.logical_not()), (torch.randn(1), torch.ones(1, dtype=torch.bool))])
+    assert [len(p.graph.branches) for p in c.ir.pieces] == [2, 2]
+    kernels = [k for g in c.ir.graphs() for k in g.kernels]
+    assert len(kernels) == len(set(kernels)) == 4
+    for size in (1, 2, 37):
+        for value in (False, True):
+            y, mask = torch.randn(size), torch.full((size,), value, dtype=torch.bool)
+            assert torch.equal(c.run(y, mask), eager_on_cpu(model, (y, mask)))
+    assert "piece 1: n in [2, 4096]" in c.summary() and "  branch 1 (taken by" in c.summary()
+
+
+def test_a_value_shaped_output_in_pieces_follows_the_values_and_an_untraced_branch_is_refused():
+    from torch.export import Dim
+    r = Dim("r", min=1, max=64)
+    x, mask = torch.randn(8, 16), flags(1, 0, 1, 0, 0, 0, 0, 1)
+    model = MODELS.NonzeroRows()
+    c = kl.compile(model, (x, mask), dynamic_shapes=({0: r}, {0: r}))
+    assert len(c.ir.pieces) == 2 and all(g.runtime_symbols for g in c.ir.graphs())
+    from kernel_lens.runtime.signature import CallSignature
+    assert CallSignature(c.ir, "cpu").outputs[0].dims is None  # its shape follows the values
+    for rows, bits in [(1, (1,)), (5, (0, 1, 1, 0, 1)), (8, (1,) * 8)]:
+        y = torch.randn(rows, 16)
+        got = c.run(y, flags(*bits))
+        assert got.shape == (sum(bits), 16) and torch.equal(got, eager_on_cpu(model, (y, flags(*bits))))
+    with pytest.raises(UntracedBranchError, match=line_of("BRANCH-NONZERO")):
+        c.run(torch.randn(5, 16), flags(0, 0, 0, 0, 0))

@@ -133,6 +133,18 @@ def summarize(ir: GraphIR, timings: Iterable = ()) -> str:
     if ir.constants:
         out.append("constants:")
         out += [f"  %{n}: {_type(ir, n)}" for n in ir.constants]
+    out += _parts_lines(ir)
+    timings = list(timings)
+    if timings:
+        out.append("pass timings:")
+        out += [f"  {t.name:24s} {t.seconds * 1e3:9.1f} ms{'' if t.modified else '  (no change)'}"
+                for t in timings]
+    return "\n".join(printable(line) for line in out) + "\n"  # a loaded IR's text drives no terminal
+
+
+def _parts_lines(ir: GraphIR) -> list[str]:
+    """The graph's lines, or each size piece's and value branch's (a piece may have branches)."""
+    out = []
     if ir.pieces:
         out.append(f"pieces: the model's Python code branches on sizes; the first piece whose "
                    f"sizes match runs")
@@ -140,7 +152,7 @@ def summarize(ir: GraphIR, timings: Iterable = ()) -> str:
             when = " or ".join(", ".join(f"{s} in [{lo}, {hi}]" for s, (lo, hi) in box.ranges.items())
                                or "any size" for box in piece.when)
             out.append(f"piece {k}: {when}")
-            out += ["  " + line for line in _graph_lines(piece.graph)]
+            out += ["  " + line for line in _parts_lines(piece.graph)]
     elif ir.branches:
         out.append(f"branches: the model's Python code branches on tensor values; traced from "
                    f"{len(ir.branches)} examples, the first branch whose checks hold runs")
@@ -150,12 +162,7 @@ def summarize(ir: GraphIR, timings: Iterable = ()) -> str:
             out += ["  " + line for line in _graph_lines(branch.graph)]
     else:
         out += _graph_lines(ir)
-    timings = list(timings)
-    if timings:
-        out.append("pass timings:")
-        out += [f"  {t.name:24s} {t.seconds * 1e3:9.1f} ms{'' if t.modified else '  (no change)'}"
-                for t in timings]
-    return "\n".join(printable(line) for line in out) + "\n"  # a loaded IR's text drives no terminal
+    return out
 
 
 def _launch(ir: GraphIR, launch: Launch, names) -> str:

@@ -806,11 +806,6 @@ def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes:
     for k, inputs in enumerate(extra):
         check_distinct(inputs, f"extra_examples[{k}]")
     ir, outputs = size_pieces.lift_in_pieces(lift_one, tuple(example_inputs), dynamic_shapes, names)
-    if ir.pieces and any(p.graph.runtime_symbols or p.graph.checks for p in ir.pieces):
-        raise UnsupportedKernelError(
-            "the forward branches on a size (split into size pieces) and also computes sizes or "
-            "branches from tensor values; kernel_lens does not combine the two yet: mark the "
-            "branching dim static, or narrow its range to one branch")
 
     def traced_again(inputs: tuple, shapes: Any) -> GraphIR:  # the same, without binaries
         return _lift_graph(model, inputs, shapes, archs=archs, roles=roles, autotune=autotune,

@@ -61,17 +61,15 @@ def _key(graph: GraphIR) -> list[tuple[str, str]]:
     return [(c.cond, c.where) for c in graph.checks]
 
 
-def with_branches(main: GraphIR, extra: Sequence[GraphIR], names: list[str]) -> GraphIR:
-    """``main`` (the example's graph) and the graphs traced from the extra examples as one IR:
-    ``main`` itself when every example took its branches, else one with ``branches``."""
+def with_branches(main: GraphIR, extra: Sequence[tuple[int, GraphIR]], names: list[str],
+                  taken: set[str] | None = None) -> GraphIR:
+    """``main`` (the example's graph) and the graphs traced from extra examples (``(k, graph)``:
+    ``extra_examples[k - 1]``'s) as one IR: ``main`` itself when every example took its
+    branches, else one with ``branches`` (kernel ids unique, also against ``taken``)."""
     if not extra:
         return main
-    if main.pieces:
-        raise UnsupportedKernelError(
-            "extra_examples with a forward that branches on a size (split into size pieces) is "
-            "not supported yet: mark the branching dim static, or narrow its range to one branch")
     kept: list[tuple[int, GraphIR]] = [(0, main)]
-    for k, graph in enumerate(extra, 1):
+    for k, graph in extra:
         for name in main.inputs:
             if graph.values[name].shape != main.values[name].shape:
                 raise InputError(
@@ -94,10 +92,10 @@ def with_branches(main: GraphIR, extra: Sequence[GraphIR], names: list[str]) -> 
             f"{which} took no branch on tensor values but another example did: the forward's "
             f"path depends on something kernel_lens does not see (a global, a random draw, state "
             f"kept between calls); make the forward a function of its inputs")
-    return _combine(kept)
+    return _combine(kept, set(taken or ()))
 
 
-def _combine(kept: list[tuple[int, GraphIR]]) -> GraphIR:
+def _combine(kept: list[tuple[int, GraphIR]], taken: set[str]) -> GraphIR:
     main = kept[0][1]
     graphs = [g for _, g in kept]
     symbols = {}
@@ -111,7 +109,6 @@ def _combine(kept: list[tuple[int, GraphIR]]) -> GraphIR:
     shared = {name: data for name, data in main.constants.items()  # weights, kept once
               if all(g.constants.get(name) == data for g in graphs)}
     values = {name: main.values[name] for name in [*main.inputs, *main.outputs, *shared]}
-    taken: set[str] = set()
     branches = []
     for k, (example, graph) in enumerate(kept):
         graph = unique_kernels(graph.model_copy(deep=True), k, taken, tag="b")
@@ -124,6 +121,32 @@ def _combine(kept: list[tuple[int, GraphIR]]) -> GraphIR:
 
 def lift_branches(lift_one: Callable[[tuple, Any], tuple[GraphIR, Any]], main: GraphIR,
                   extra_examples: list[tuple], dynamic_shapes: Any, names: list[str]) -> GraphIR:
-    """Each extra example captured and traced (``lift_one``), combined with ``main``."""
-    return with_branches(main, [lift_one(inputs, dynamic_shapes)[0] for inputs in extra_examples],
-                         names)
+    """Each extra example captured and traced (``lift_one(inputs, dynamic_shapes)``), combined
+    with ``main``; in a model split by size, with the piece its sizes fall in (traced with that
+    piece's ranges, as the piece was)."""
+    if not extra_examples:
+        return main
+    if not main.pieces:
+        return with_branches(main, [(k, lift_one(inputs, dynamic_shapes)[0])
+                                    for k, inputs in enumerate(extra_examples, 1)], names)
+    from .trace.size_pieces import spec_for_box  # size_pieces imports torch.export's Dims
+
+    joined: dict[int, list[tuple[int, GraphIR]]] = {}
+    for k, inputs in enumerate(extra_examples, 1):
+        sizes = {s: (inputs[info.input].shape[info.dim] - info.offset) // info.scale
+                 for s, info in main.symbols.items()}
+        found = [(j, box) for j, piece in enumerate(main.pieces) for box in piece.when
+                 if box.contains(sizes)]
+        if not found:
+            raise InputError(f"extra_examples[{k - 1}] has sizes {sizes}, outside the declared "
+                             f"ranges of the dynamic shapes")
+        j, box = found[0]
+        graph = lift_one(inputs, spec_for_box(main, dynamic_shapes, names, box.ranges))[0]
+        joined.setdefault(j, []).append((k, graph))
+    pieces = []
+    for j, piece in enumerate(main.pieces):
+        others = {kid for i, p in enumerate(main.pieces) if i != j for kid in p.graph.all_kernels()}
+        others |= {kid for p in pieces for kid in p.graph.all_kernels()}
+        graph = with_branches(piece.graph, joined.get(j, []), names, taken=others)
+        pieces.append(piece.model_copy(update={"graph": graph}))
+    return GraphIR(**{**dict(main), "pieces": pieces})  # validated: kernel ids unique across all

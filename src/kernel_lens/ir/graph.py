@@ -383,7 +383,8 @@ class GraphIR(_Model):
         for k, piece in enumerate(self.pieces):
             g = piece.graph
             if g.pieces:
-                raise ValueError(f"piece {k}: a piece's graph has no pieces of its own")
+                raise ValueError(f"piece {k}: a piece's graph has no pieces of its own (it may "
+                                 f"have value branches)")
             if g.inputs != self.inputs or len(g.outputs) != len(self.outputs):
                 raise ValueError(f"piece {k}: its graph takes inputs {g.inputs} and gives "
                                  f"{len(g.outputs)} outputs; the model takes {self.inputs} and gives "
@@ -392,7 +393,7 @@ class GraphIR(_Model):
             if unknown | (set(g.symbols) - set(self.symbols)):
                 raise ValueError(f"piece {k} uses undeclared symbols "
                                  f"{sorted(unknown | (set(g.symbols) - set(self.symbols)))}")
-            for kid in g.kernels:
+            for kid in g.all_kernels():
                 if owners.setdefault(kid, k) != k:
                     raise ValueError(f"kernel id {kid!r} is used by pieces {owners[kid]} and {k}; "
                                      f"kernel ids are unique across pieces")
@@ -498,8 +499,9 @@ class GraphIR(_Model):
         return [*self.pieces, *self.branches]
 
     def graphs(self) -> list["GraphIR"]:
-        """The graphs that run: this one, each piece's, or each value branch's."""
-        return [p.graph for p in self.parts()] or [self]
+        """The graphs that run: this one, or each piece's and each value branch's (a piece's
+        graph may have value branches: then each of them), in the order targets number them."""
+        return [g for p in self.parts() for g in p.graph.graphs()] or [self]
 
     def all_kernels(self) -> dict[str, KernelIR]:
         """Every kernel of every graph that runs, by id."""

@@ -29,7 +29,7 @@ from onnx import TensorProto, helper
 
 from ..ir import GraphIR
 from .context import CHECK_OP, DOMAIN
-from .pieces import branch_body, common_info
+from .pieces import branch_body, common_info, model_like, rank_only
 
 
 def combine_branches(ir: GraphIR, models: list[onnx.ModelProto]) -> onnx.ModelProto:
@@ -55,17 +55,7 @@ def combine_branches(ir: GraphIR, models: list[onnx.ModelProto]) -> onnx.ModelPr
                               doc_string=f"Lowered by kernel_lens from GraphIR {ir.name!r}, traced "
                                          f"from {len(models)} examples that took different branches "
                                          f"on tensor values (tried in order with If)")
-    first = models[0]
-    model = helper.make_model(graph, opset_imports=list(first.opset_import),
-                              producer_name=first.producer_name,
-                              producer_version=first.producer_version, doc_string=first.doc_string)
-    model.ir_version = first.ir_version
-    functions: dict[tuple[str, str], onnx.FunctionProto] = {}
-    for m in models:
-        for fn in m.functions:
-            functions.setdefault((fn.domain, fn.name), fn)
-    model.functions.extend(functions.values())
-    return model
+    return model_like(graph, models)
 
 
 def _is_check(node: onnx.NodeProto) -> bool:
@@ -84,15 +74,8 @@ class _Builder:
     def info(self, name: str, like: str) -> onnx.ValueInfoProto:
         """A value info for ``name``: ``like``'s type and rank (its dims differ between the
         branches an ``If`` chooses from: an empty tensor, another branch's sizes)."""
-        out = onnx.ValueInfoProto()
-        out.CopyFrom(self.infos[like])
-        out.name = name
-        tensor = out.type.tensor_type
-        if tensor.HasField("shape"):
-            for dim in tensor.shape.dim:
-                dim.Clear()
-        self.infos[name] = out
-        return out
+        self.infos[name] = rank_only(self.infos[like], name)
+        return self.infos[name]
 
     def graph(self, nodes: list, outputs: list[str], title: str) -> onnx.GraphProto:
         """A branch body giving ``outputs`` (an output made in an outer scope is passed on by an

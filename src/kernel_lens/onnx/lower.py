@@ -76,7 +76,7 @@ from .graph_builder import GraphBuilder
 from .graph_passes import GraphPassManager
 from .memory import MemoryModel
 from .branches import combine_branches
-from .pieces import combine_pieces
+from .pieces import chain_pieces, combine_pieces
 from .external_data import check_locations, tensors
 
 MIN_OPSET = 18
@@ -515,26 +515,31 @@ def supported(op_name: str, opset: int = MIN_OPSET) -> bool:
 
 
 def lower_to_onnx(ir: GraphIR, *, opset: int = MIN_OPSET,
-                  mutated_inputs: bool = True) -> onnx.ModelProto:
+                  mutated_inputs: bool = True, launch_offset: int = 0) -> onnx.ModelProto:
     """Lower ``ir`` to an ONNX model (see the module docstring for the contract).
 
     ``mutated_inputs``: also output ``mutated_<input>`` for each graph input the model writes
     in place (ONNX cannot mutate inputs; the runtime copies these back into the caller's tensors).
     A model split by size (``ir.pieces``) becomes one graph choosing its piece with ``If``
     (:mod:`kernel_lens.onnx.pieces`); one traced from several examples (``ir.branches``) tries
-    its branches in order with ``If`` (:mod:`kernel_lens.onnx.branches`).
+    its branches in order with ``If`` (:mod:`kernel_lens.onnx.branches`); a piece may have
+    branches. Launch ``i`` (of :meth:`GraphIR.graphs`, in order) has attribute
+    ``launch = launch_offset + i``.
     """
     if not ir.parts():
         return lower_graph(ir, opset=opset, mutated_inputs=mutated_inputs,
-                           graph_passes=ir.graph_passes)
-    models, offset = [], 0
+                           launch_offset=launch_offset, graph_passes=ir.graph_passes)
+    models, offset = [], launch_offset
     for part in ir.parts():  # weights the parts share are kept once, at the top level
-        graph = part.graph.model_copy(update={"constants": {**ir.constants, **part.graph.constants}})
-        models.append(lower_graph(graph, opset=opset, mutated_inputs=mutated_inputs,
-                                  launch_offset=offset, graph_passes=ir.graph_passes))
-        offset += len(part.graph.launches)
+        graph = part.graph.model_copy(update={"constants": {**ir.constants, **part.graph.constants},
+                                              "graph_passes": ir.graph_passes})
+        models.append(lower_to_onnx(graph, opset=opset, mutated_inputs=mutated_inputs,
+                                    launch_offset=offset))
+        offset += sum(len(g.launches) for g in part.graph.graphs())
     if ir.branches:
         model = combine_branches(ir, models)
+    elif any(g.runtime_symbols or g.checks for g in ir.graphs()):  # shapes may follow values
+        model = chain_pieces(ir, models)
     else:
         model = combine_pieces(ir, models, Lowering(ir, opset, mutated_inputs))
     check_ops(model)
@@ -656,10 +661,6 @@ def optimize(model: onnx.ModelProto, graph_passes: Sequence[str] = ()) -> onnx.M
     return out
 
 
-LOWERING_CODE = ("lower.py", "aten.py", "torchlib.py", "rewrites.py", "graph_passes.py", "context.py",
-                 "external_data.py", "graph_builder.py", "memory.py", "pieces.py", "aliasing.py")
-
-
 def lowering_key(ir: GraphIR, opset: int) -> str:
     """What a cached lowering of ``ir`` is keyed by: the IR (its graph passes with it), the opset,
     every source file of the lowering (the graph passes' code among them) and the versions of the
@@ -667,7 +668,7 @@ def lowering_key(ir: GraphIR, opset: int) -> str:
     import torch  # lazy: torch takes seconds; the onnx layer imports no torch (targets emit and build without it)
 
     here = Path(__file__).parent
-    code = [here / f for f in LOWERING_CODE]
+    code = sorted(here.glob("*.py"))  # every module of the lowering (a list by hand missed some)
     code += [here.parent / "aten_facts.py", here.parent / "codegen" / "launch_io.py"]
     return entry_cache.key_of("onnx/1", _version(), torch.__version__, dist_version("onnxscript"),
                               onnx.__version__, opset, *(p.read_bytes() for p in code),

@@ -77,6 +77,63 @@ def combine_pieces(ir: GraphIR, models: list[onnx.ModelProto],
                               initializer=list(shared.values()),
                               doc_string=f"Lowered by kernel_lens from GraphIR {ir.name!r}, split by "
                                          f"size into {len(models)} pieces (If branches)")
+    return model_like(graph, models)
+
+
+def chain_pieces(ir: GraphIR, models: list[onnx.ModelProto]) -> onnx.ModelProto:
+    """The model choosing between ``models`` by the pieces' sizes when a piece reads tensor
+    values (run-time sizes, checks, value branches): its outputs' shapes may depend on values,
+    which the flat selection cannot compute from the input shapes. Piece ``k`` is the ``then``
+    branch of ``If(c_k)``, the next piece's ``If`` its ``else``; the last piece runs where no
+    other matched. Nested ``If``s: ONNX Runtime runs them; TensorRT targets refuse models that
+    read values before lowering."""
+    inputs = set(ir.inputs)
+    outputs = [f"output_{i}" for i in range(len(ir.outputs))]
+    mutated = sorted({o.name for m in models for o in m.graph.output if o.name.startswith("mutated_")},
+                     key=lambda n: ir.inputs.index(n.removeprefix("mutated_")))
+    final = outputs + mutated
+    shared: dict[str, onnx.TensorProto] = {}
+    bodies = [branch_body(model.graph, k, inputs, outputs, mutated, shared)
+              for k, model in enumerate(models)]
+    nodes: list = []
+    conditions = [_condition(ir, piece.when, nodes, k) for k, piece in enumerate(ir.pieces[:-1])]
+
+    def tried(k: int) -> onnx.GraphProto:
+        """Piece ``k`` where its sizes match, else the next (the last piece: its body)."""
+        if k == len(bodies) - 1:
+            return bodies[k]
+        names = [f"pieces.chosen{k}.{n}" for n in final]
+        node = helper.make_node("If", [conditions[k]], names, name=f"size_piece_{k}",
+                                then_branch=bodies[k], else_branch=tried(k + 1))
+        infos = [rank_only(info, name) for info, name in zip(bodies[k].output, names)]
+        return helper.make_graph([node], f"pieces_from_{k}", [], infos)
+
+    nodes.append(helper.make_node("If", [conditions[0]], final, name="size_piece_0",
+                                  then_branch=bodies[0], else_branch=tried(1)))
+    graph_inputs = [value_info(n, ir.values[n].dtype, ir.values[n].shape) for n in ir.inputs]
+    graph_outputs = [common_info(f, bodies, i) for i, f in enumerate(final)]
+    graph = helper.make_graph(nodes, ir.name, graph_inputs, graph_outputs,
+                              initializer=list(shared.values()),
+                              doc_string=f"Lowered by kernel_lens from GraphIR {ir.name!r}, split by "
+                                         f"size into {len(models)} pieces (nested If branches)")
+    return model_like(graph, models)
+
+
+def rank_only(info: onnx.ValueInfoProto, name: str) -> onnx.ValueInfoProto:
+    """``info`` renamed ``name``, its type and rank kept, its dims unnamed (the branches of an
+    ``If`` give other sizes: another piece's, an empty tensor)."""
+    out = onnx.ValueInfoProto()
+    out.CopyFrom(info)
+    out.name = name
+    tensor = out.type.tensor_type
+    if tensor.HasField("shape"):
+        for dim in tensor.shape.dim:
+            dim.Clear()
+    return out
+
+
+def model_like(graph: onnx.GraphProto, models: list[onnx.ModelProto]) -> onnx.ModelProto:
+    """A model of ``graph`` with the first part's opsets and producer, every part's functions."""
     first = models[0]
     model = helper.make_model(graph, opset_imports=list(first.opset_import),
                               producer_name=first.producer_name,
@@ -271,4 +328,4 @@ def _condition(ir: GraphIR, boxes: list[SizeBox], nodes: list, k: int) -> str:
     return any_box
 
 
-__all__ = ["combine_pieces", "onnx_dtype"]
+__all__ = ["chain_pieces", "combine_pieces", "onnx_dtype"]

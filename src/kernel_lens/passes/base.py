@@ -256,8 +256,8 @@ class PassManager:
 
     @staticmethod
     def _apply(p: Pass, ir: GraphIR, ctx: PassContext) -> tuple[GraphIR, bool]:
-        """``p`` over ``ir``: over each piece's graph when the model is split by size (a pass
-        sees ordinary graphs only), recording its facts on every graph it ran over."""
+        """``p`` over ``ir``: over each piece's and value branch's graph when the model has them
+        (a pass sees ordinary graphs only), recording its facts on every graph it ran over."""
         def one(graph: GraphIR) -> tuple[GraphIR, bool]:
             result = p.run(graph.model_copy(deep=True), ctx)
             out = result.ir
@@ -270,16 +270,19 @@ class PassManager:
             p.ensures(out)
             return out, result.modified
 
-        if not ir.parts():
-            return one(ir)
-        ir = ir.model_copy(deep=True)
-        modified = False
-        for piece in ir.parts():
-            piece.graph, changed = one(piece.graph)
-            modified = modified or changed
-        ir.facts = sorted(set(ir.facts) | set(p.provides))
-        ir.passes_run = [*ir.passes_run, p.name]
-        return ir, modified
+        def over(ir: GraphIR) -> tuple[GraphIR, bool]:  # a piece's graph may have branches
+            if not ir.parts():
+                return one(ir)
+            ir = ir.model_copy(deep=True)
+            modified = False
+            for part in ir.parts():
+                part.graph, changed = over(part.graph)
+                modified = modified or changed
+            ir.facts = sorted(set(ir.facts) | set(p.provides))
+            ir.passes_run = [*ir.passes_run, p.name]
+            return ir, modified
+
+        return over(ir)
 
 
 

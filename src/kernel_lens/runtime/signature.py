@@ -121,7 +121,7 @@ class CallSignature:
             for sym, info in ir.symbols.items())
         self.outputs: tuple[OutputSpec, ...] = tuple(
             OutputSpec(name, ir.values[name].dtype, torch_dtype(ir.values[name].dtype),
-                       () if ir.pieces else None if _from_values(ir, i) else
+                       None if _from_values(ir, i) else () if ir.pieces else
                        tuple(evaluator(parse(s), names) for s in ir.values[name].shape))
             for i, name in enumerate(ir.outputs))
         self._layouts: dict[tuple, CheckedCall] = {}  # input layout -> what its checks found
@@ -253,6 +253,8 @@ class CallSignature:
 def _from_values(ir: GraphIR, index: int) -> bool:
     """Whether output ``index``'s shape depends on tensor values: it uses a size computed from
     them, or (a model traced from several examples) the value branches give it other shapes."""
+    if ir.pieces:  # pieces give other shapes by design; each piece is judged on its own
+        return any(_from_values(p.graph, index) for p in ir.pieces)
     graphs = ir.graphs()
     shapes = {tuple(g.values[g.outputs[index]].shape) for g in graphs}
     return len(shapes) > 1 or any(s.name in g.runtime_symbols for g in graphs
