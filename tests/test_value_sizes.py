@@ -87,7 +87,7 @@ def test_a_branch_on_a_value_runs_the_traced_branch_and_refuses_the_other(compil
 
 def test_int_of_a_tensor_is_pinned_and_another_value_is_refused(compiled):
     model, c = compiled("IntSize", torch.tensor([3, 4, 5]))
-    assert [ch.cond for ch in c.ir.checks] == [f"Eq({next(iter(c.ir.runtime_symbols))}, 12)"]
+    assert f"Eq({next(iter(c.ir.runtime_symbols))}, 12)" in [ch.cond for ch in c.ir.checks]
     t = torch.tensor([2, 5, 5])  # the same total: served
     assert torch.equal(c.run(t), eager_on_cpu(model, (t,)))
     with pytest.raises(UntracedBranchError, match=line_of("PINNED")):
@@ -154,7 +154,8 @@ def item_branch(branched):
 def test_extra_examples_serve_each_branch_they_took(branched):
     x, off, on, model, c = item_branch(branched)
     assert [b.example for b in c.ir.branches] == [0, 1]
-    assert [len(b.graph.checks) for b in c.ir.branches] == [1, 1]
+    assert all(ch.where.split(": ")[0].endswith(line_of("BRANCH-ANY"))
+               for b in c.ir.branches for ch in b.graph.checks)
     for mask in (off, on):
         assert torch.equal(c.run(x, mask), eager_on_cpu(model, (x, mask)))
     y = torch.randn(100)
@@ -352,3 +353,33 @@ def test_a_value_shaped_output_in_pieces_follows_the_values_and_an_untraced_bran
         assert got.shape == (sum(bits), 16) and torch.equal(got, eager_on_cpu(model, (y, flags(*bits))))
     with pytest.raises(UntracedBranchError, match=line_of("BRANCH-NONZERO")):
         c.run(torch.randn(5, 16), flags(0, 0, 0, 0, 0))
+
+
+def test_a_count_compared_with_a_size_is_checked_not_assumed(branched):
+    """torch would decide ``valids.numel() != n`` from the example and replace the count by
+    ``n`` everywhere (no check left: a silently wrong graph for any other mask). The count
+    stays a run-time size and the comparison a check; an extra example serves the other path."""
+    x = torch.randn(100)
+    every = torch.ones(100, dtype=torch.bool)
+    some = every.clone()
+    some[::3] = False
+    model, c = branched("CountEqualsTotal", (x, every), [(x, some)])
+    assert all(g.runtime_symbols and g.checks for g in c.ir.graphs())
+    for keep in (every, some, torch.zeros(100, dtype=torch.bool)):
+        assert torch.equal(c.run(x, keep), eager_on_cpu(model, (x, keep)))
+    alone = kl.compile(MODELS.CountEqualsTotal(), (x, every))
+    assert torch.equal(alone.run(x, every), eager_on_cpu(model, (x, every)))
+    with pytest.raises(UntracedBranchError, match=line_of("BRANCH-COUNT")):
+        alone.run(x, some)
+
+
+def test_torch_check_equating_a_count_with_a_size_stays_a_run_time_check():
+    x = torch.randn(64)
+    every = torch.ones(64, dtype=torch.bool)
+    model = MODELS.CheckedCount()
+    c = kl.compile(model, (x, every))
+    (name, info), = c.ir.runtime_symbols.items()
+    assert info.dim == 0 and f"Eq({name}, 64)" in [ch.cond for ch in c.ir.checks]
+    assert torch.equal(c.run(x, every), eager_on_cpu(model, (x, every)))
+    with pytest.raises(UntracedBranchError, match=line_of("CHECKED-COUNT")):
+        c.run(x, torch.arange(64) < 10)

@@ -122,3 +122,29 @@ class CompiledHelper(torch.nn.Module):
 
     def forward(self, x):
         return compiled_helper(x) + 1
+
+
+class CountEqualsTotal(torch.nn.Module):
+    """The issue's `valids.numel() != total`: a count compared with a size picks the path."""
+
+    def forward(self, x, keep):
+        valids = x[keep]
+        out = torch.empty_like(x)
+        n = x.numel()
+        if valids.numel() != n:  # BRANCH-COUNT
+            ramp[(triton.cdiv(n, 64),)](x, out, n, 7.0, BLOCK=64)
+        else:
+            ramp[(triton.cdiv(n, 64),)](x, out, n, -7.0, BLOCK=64)
+        return out
+
+
+class CheckedCount(torch.nn.Module):
+    """torch._check equates a count with a size: a run-time assert, never an assumption."""
+
+    def forward(self, x, keep):
+        valids = x[keep]
+        torch._check(valids.shape[0] == x.shape[0])  # CHECKED-COUNT
+        out = torch.empty_like(valids)
+        n = valids.numel()
+        ramp[(triton.cdiv(n, 64),)](valids, out, n, 1.0, BLOCK=64)
+        return out

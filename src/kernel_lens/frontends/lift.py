@@ -298,6 +298,16 @@ class _Symbols:
         return format_expr(plain)
 
 
+def _size_fact(cond: Any) -> bool:
+    """An assert that holds for every size (``u0 >= 0``, which torch asserts of each count):
+    no line of the model's code is behind it."""
+    try:
+        return all(bool(cond.xreplace({s: sympy.Integer(v) for s in cond.free_symbols}))
+                   for v in (0, 1, 7, 1 << 20))
+    except TypeError:  # not decidable at a point: a real condition
+        return False
+
+
 def _constant_of_trace(val: Any) -> bool:
     """A value the trace made a constant: an int/bool, or a symbolic one torch specialized."""
     if isinstance(val, (torch.SymInt, torch.SymBool)):
@@ -588,7 +598,9 @@ class _GraphBuilder:
             mine = {s.name for s in expr.free_symbols}
             same = [w for g, w in replay.guards if {s.name for s in g.free_symbols} == mine]
             near = [w for g, w in replay.guards if {s.name for s in g.free_symbols} & mine]
-            where = (same or near or [""])[-1]
+            asserted = [w for g, w in replay.asserts
+                        if {s.name for s in g.free_symbols} & mine and w and not _size_fact(g)]
+            where = (same or near or asserted or [""])[-1]  # a branch, else a torch._check
             if not where:
                 where = next((replay.made_at[s] for s in expr.free_symbols if s in replay.made_at), "")
         text = self.syms.expr(val, f"run-time condition {expr}")

@@ -23,7 +23,7 @@ from typing import Any, Iterator
 import sympy
 import torch
 from torch._subclasses import fake_tensor
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .interpreter_bounds import users_file
@@ -81,11 +81,20 @@ def _not_model(path: str) -> bool:
     return (path.startswith(_STDLIB) and not packages) or path.startswith(_MUTMUT)
 
 
+# kernel_lens's own frames that call the forward: an assert made after the forward returned
+# (torch.export finishing its graph) has no line of the model.
+_DRIVERS = (os.path.join(os.path.dirname(os.path.dirname(__file__)), "trace", "export.py"),
+            os.path.join(os.path.dirname(__file__), "recorder.py"))
+
+
 def _where() -> str:
-    """``file:line: code`` of the innermost frame of the model's own code (or a library's)."""
+    """``file:line: code`` of the innermost frame of the model's own code (or a library's);
+    empty outside the forward."""
     frame = sys._getframe(1)
     while frame is not None:
         name = frame.f_code.co_filename
+        if name in _DRIVERS:
+            return ""
         if users_file(name) and not _not_model(name) and "/torch/" not in name:
             code = linecache.getline(name, frame.f_lineno).strip()
             return f"{name}:{frame.f_lineno}" + (f": {code[:120]}" if code else "")
@@ -102,6 +111,7 @@ class Replay:
     items: list[tuple[Any, int, str]] = field(default_factory=list)  # each .item(): (symbol, value, line)
     made_at: dict[sympy.Symbol, str] = field(default_factory=dict)
     guards: list[tuple[sympy.Basic, str]] = field(default_factory=list)
+    asserts: list[tuple[sympy.Basic, str]] = field(default_factory=list)  # others: torch._check
 
 
 def _new_unbacked(out: Any) -> bool:
@@ -173,15 +183,39 @@ def replaying(log: list, replay: Replay) -> Iterator[None]:
                 replay.items.append((expr, record[1][1], record[2]))
         return out
 
-    def guard_or_defer(self: Any, orig_expr: Any, msg: str, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(msg, str) and msg.startswith(_REAL_GUARD):
-            replay.guards.append((orig_expr, _where()))
-        return defer(self, orig_expr, msg, *args, **kwargs)
+    inside = [False]  # inside a run-time assert torch defers
 
+    def guard_or_defer(self: Any, orig_expr: Any, msg: str, *args: Any, **kwargs: Any) -> Any:
+        decided = isinstance(msg, str) and msg.startswith(_REAL_GUARD)  # a branch, from the example
+        (replay.guards if decided else replay.asserts).append((orig_expr, _where()))
+        before, inside[0] = inside[0], True
+        try:
+            return defer(self, orig_expr, msg, *args, **kwargs)
+        finally:
+            inside[0] = before
+
+    # torch defers such an assert to run time (an IR check), but would also replace the symbol
+    # by what the assert equates it to (``if valids.numel() != total:`` decided from the
+    # example, or ``torch._check(n == total)``: u0 := total); the assert then reads as always
+    # true and is dropped, and the graph assumes the example's size for every call. A size
+    # from tensor values is never replaced: the assert stays, and is checked at run time.
+    def set_replacement(self: Any, a: Any, tgt: Any, msg: str) -> None:
+        if inside[0] and _unbacked(a):
+            return
+        replace(self, a, tgt, msg)
+
+    replace = ShapeEnv._set_replacement
     fake_tensor.FakeTensorMode._dispatch_impl = dispatch
     ShapeEnv.guard_or_defer_runtime_assert = guard_or_defer
+    ShapeEnv._set_replacement = set_replacement
     try:
         yield
     finally:
         fake_tensor.FakeTensorMode._dispatch_impl = impl
         ShapeEnv.guard_or_defer_runtime_assert = defer
+        ShapeEnv._set_replacement = replace
+
+
+def _unbacked(symbol: Any) -> bool:
+    """A symbol torch made for a size from tensor values (``u0``; ``zuf0`` for a float)."""
+    return isinstance(symbol, sympy.Symbol) and bool(free_unbacked_symbols(symbol))
