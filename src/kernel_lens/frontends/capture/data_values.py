@@ -69,16 +69,15 @@ def recording(log: list) -> Iterator[None]:
         yield
 
 
-# Frames that are never the model's line: Python's own library (contextlib, functools), and
-# mutmut's trampolines, which wrap kernel_lens's functions when the mutation gate runs.
+# Python's own library (contextlib, functools) is never the model's line (mutmut's trampolines
+# are not either: users_file says so).
 _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
-_MUTMUT = os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "mutmut") + os.sep
 
 
 def _not_model(path: str) -> bool:
-    """Python's own library (an installed package under it is a library's code, kept) or mutmut."""
+    """Python's own library (an installed package under it is a library's code, kept)."""
     packages = f"{os.sep}site-packages{os.sep}" in path or f"{os.sep}dist-packages{os.sep}" in path
-    return (path.startswith(_STDLIB) and not packages) or path.startswith(_MUTMUT)
+    return path.startswith(_STDLIB) and not packages
 
 
 # kernel_lens's own frames that call the forward: an assert made after the forward returned

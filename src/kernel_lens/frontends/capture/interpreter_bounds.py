@@ -210,9 +210,11 @@ def _itemsize(ptrs: Any) -> int:
         return 1
 
 
-# Where Triton, kernel_lens, numpy and torch live: the frames of the interpreter, not the kernel's.
+# Where Triton, kernel_lens, numpy and torch live: the frames of the interpreter, not the kernel's
+# (and mutmut's trampolines, which wrap kernel_lens's functions when the mutation gate runs).
 _INTERNAL = tuple(os.path.dirname(m.__file__) + os.sep for m in (triton, np, torch)) + \
-    (os.path.dirname(os.path.dirname(os.path.dirname(__file__))) + os.sep,)
+    (os.path.dirname(os.path.dirname(os.path.dirname(__file__))) + os.sep,
+     os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "mutmut") + os.sep)
 
 
 def users_file(path: str) -> bool:
