@@ -385,3 +385,15 @@ def test_torch_check_equating_a_count_with_a_size_stays_a_run_time_check():
     assert torch.equal(c.run(x, every), eager_on_cpu(model, (x, every)))
     with pytest.raises(UntracedBranchError, match=line_of("CHECKED-COUNT")):
         c.run(x, torch.arange(64) < 10)
+
+
+def test_a_piece_whose_tiled_example_takes_another_value_branch_at_an_end_is_refused_so():
+    """A piece is proven at its ends with the example's values tiled there; when those values
+    take another branch on values, the refusal says so (not that torch recorded no condition)."""
+    from torch.export import Dim
+    from kernel_lens.errors import TraceError
+    r = Dim("r", min=1, max=64)
+    x, mask = torch.randn(8, 16), flags(0, 0, 0, 0, 0, 0, 0, 1)  # 2 rows of it hold no True
+    with pytest.raises(TraceError, match="another branch on tensor values") as info:
+        kl.compile(MODELS.NonzeroRows(), (x, mask), dynamic_shapes=({0: r}, {0: r}))
+    assert line_of("BRANCH-NONZERO") in str(info.value) and "\n" not in str(info.value)

@@ -21,7 +21,7 @@ from torch.utils._pytree import SequenceKey
 
 from ..archs import check_archs
 from .. import progress
-from ..errors import (DynamicConstexprError, InputError, SymbolicError, TraceError,
+from ..errors import (CaptureError, DynamicConstexprError, InputError, SymbolicError, TraceError,
                       UnsupportedKernelError)
 from ..ir import (CompileOptions, ConstantData, ConstArg, Dispatch, GraphIR, KernelIR, KernelParam, Launch,
                   LaunchArg, ListArg, ParamKind, Role, RuntimeCheck, RuntimeSymbol, SymArg, SymbolInfo,
@@ -811,13 +811,15 @@ def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes:
 
     def lift_one(inputs: tuple, shapes: Any) -> tuple[GraphIR, Any]:
         return _lift_graph(model, inputs, shapes, archs=archs, roles=roles, autotune=autotune,
-                           display=display, dynamic=dynamic, translatable=translatable)
+                           display=display, dynamic=dynamic, translatable=translatable,
+                           needed=inputs is example_inputs)
 
     names = input_names(model, len(example_inputs))
+    example_inputs = tuple(example_inputs)  # the one object lift_one sees for the user's example
     extra = value_branches.check_extra_examples(extra_examples, tuple(example_inputs), names)
     for k, inputs in enumerate(extra):
         check_distinct(inputs, f"extra_examples[{k}]")
-    ir, outputs = size_pieces.lift_in_pieces(lift_one, tuple(example_inputs), dynamic_shapes, names)
+    ir, outputs = size_pieces.lift_in_pieces(lift_one, example_inputs, dynamic_shapes, names)
 
     def traced_again(inputs: tuple, shapes: Any) -> GraphIR:  # the same, without binaries
         return _lift_graph(model, inputs, shapes, archs=archs, roles=roles, autotune=autotune,
@@ -827,10 +829,9 @@ def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes:
     ir = size_pieces.prove_ends(ir, traced_again, tuple(example_inputs), dynamic_shapes, names,
                                 size_pieces.PROOF_BUDGET_GPU if native else size_pieces.PROOF_BUDGET_CPU,
                                 forward=_forward_line(model))
-    def lift_extra(inputs: tuple, shapes: Any) -> tuple[GraphIR, Any]:
-        return _lift_graph(model, inputs, shapes, archs=archs, roles=roles, autotune=autotune,
-                           display=display, dynamic=dynamic, translatable=translatable, extra=True)
-    ir = value_branches.lift_branches(lift_extra, ir, extra, dynamic_shapes, names)
+    ir = value_branches.lift_branches(lift_one, ir, extra, dynamic_shapes, names)
+    if not any(g.launches for g in ir.graphs()):
+        raise CaptureError("the forward launched no @triton.jit kernel; nothing to compile")
     if dynamic:
         log.info("dynamic=True settled on:\n%s", describe_dims(ir))
     return ir, outputs
@@ -863,12 +864,14 @@ def _lift_graph(model: Callable, example_inputs: tuple, dynamic_shapes: Any, *,
                 archs: tuple[int, ...],
                 roles: dict, autotune: dict | None, display: str, dynamic: bool,
                 translatable: Callable[[str], bool] | None,
-                binaries: bool = True, extra: bool = False) -> tuple[GraphIR, Any]:
+                binaries: bool = True, needed: bool = False) -> tuple[GraphIR, Any]:
     """Capture, trace and AOT-compile one graph (see :func:`lift_with_outputs`); with
-    ``binaries=False`` the kernels get no binaries (a graph traced only to be compared); an
-    ``extra`` example's branch may launch no kernel."""
+    ``binaries=False`` the kernels get no binaries (a graph traced only to be compared). It may
+    launch no kernel (a piece or a branch where the forward launches none) unless ``needed``
+    (the user's own example: said at once); the model as a whole must launch one
+    (:func:`lift_with_outputs`)."""
     with progress.stage("capture"):  # the eager run that records the Triton launches
-        captured = capture(model, tuple(example_inputs), archs[0], autotune, launches_needed=not extra)
+        captured = capture(model, tuple(example_inputs), archs[0], autotune, launches_needed=needed)
     while True:
         try:
             with progress.stage("trace"):  # torch.export

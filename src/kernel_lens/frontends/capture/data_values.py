@@ -182,37 +182,37 @@ def replaying(log: list, replay: Replay) -> Iterator[None]:
                 replay.items.append((expr, record[1][1], record[2]))
         return out
 
-    inside = [False]  # inside a run-time assert torch defers
-
-    def guard_or_defer(self: Any, orig_expr: Any, msg: str, *args: Any, **kwargs: Any) -> Any:
-        decided = isinstance(msg, str) and msg.startswith(_REAL_GUARD)  # a branch, from the example
-        (replay.guards if decided else replay.asserts).append((orig_expr, _where()))
-        before, inside[0] = inside[0], True
-        try:
-            return defer(self, orig_expr, msg, *args, **kwargs)
-        finally:
-            inside[0] = before
-
     # torch defers such an assert to run time (an IR check), but would also replace the symbol
     # by what the assert equates it to (``if valids.numel() != total:`` decided from the
     # example, or ``torch._check(n == total)``: u0 := total); the assert then reads as always
     # true and is dropped, and the graph assumes the example's size for every call. A size
     # from tensor values is never replaced: the assert stays, and is checked at run time.
-    def set_replacement(self: Any, a: Any, tgt: Any, msg: str) -> None:
-        if inside[0] and _unbacked(a):
-            return
-        replace(self, a, tgt, msg)
+    # (Patched on the shape environment only while it defers an assert: torch names the user's
+    # line of other replacements from the stack, which must not hold a frame of kernel_lens.)
+    def guard_or_defer(self: Any, orig_expr: Any, msg: str, *args: Any, **kwargs: Any) -> Any:
+        decided = isinstance(msg, str) and msg.startswith(_REAL_GUARD)  # a branch, from the example
+        (replay.guards if decided else replay.asserts).append((orig_expr, _where()))
+        if "_set_replacement" in vars(self):  # an assert deferred inside another
+            return defer(self, orig_expr, msg, *args, **kwargs)
+        replace = self._set_replacement
 
-    replace = ShapeEnv._set_replacement
+        def set_replacement(a: Any, tgt: Any, why: str) -> None:
+            if not _unbacked(a):
+                replace(a, tgt, why)
+
+        self._set_replacement = set_replacement
+        try:
+            return defer(self, orig_expr, msg, *args, **kwargs)
+        finally:
+            del self._set_replacement
+
     fake_tensor.FakeTensorMode._dispatch_impl = dispatch
     ShapeEnv.guard_or_defer_runtime_assert = guard_or_defer
-    ShapeEnv._set_replacement = set_replacement
     try:
         yield
     finally:
         fake_tensor.FakeTensorMode._dispatch_impl = impl
         ShapeEnv.guard_or_defer_runtime_assert = defer
-        ShapeEnv._set_replacement = replace
 
 
 def _unbacked(symbol: Any) -> bool:

@@ -498,6 +498,15 @@ def prove_ends(ir: GraphIR, lift_one: Callable[[tuple, Any], GraphIR], inputs: t
         with progress.stage(f"prove piece {k} at {where}"):
             again = lift_one(inputs_at(ir, inputs, spec, names, sizes),
                              spec_for_box(ir, spec, names, ranges))
+        mine, there = [(c.cond, c.where) for c in graph.checks], [(c.cond, c.where) for c in again.checks]
+        if mine != there:  # the example's values, tiled to these sizes, take another value branch
+            lines = sorted({w.split(" (")[0] for _, w in set(mine) ^ set(there)})
+            raise TraceError(
+                f"{forward + ': ' if forward else ''}kernel_lens proves each piece of a size range "
+                f"at its ends with the example's values tiled to those sizes, and at {where} they "
+                f"take another branch on tensor values ({'; '.join(lines)[:300]}) than the example: "
+                f"give example inputs whose values take the same branches at every size, or make "
+                f"the size static")
         problem = difference(graph, again, ir.constants)
         if problem is not None:
             box = ", ".join(f"{s} in [{lo}, {hi}]" for s, (lo, hi) in ranges.items())
