@@ -87,7 +87,8 @@ def test_a_branch_on_a_value_runs_the_traced_branch_and_refuses_the_other(compil
 
 def test_int_of_a_tensor_is_pinned_and_another_value_is_refused(compiled):
     model, c = compiled("IntSize", torch.tensor([3, 4, 5]))
-    assert f"Eq({next(iter(c.ir.runtime_symbols))}, 12)" in [ch.cond for ch in c.ir.checks]
+    # one check: the range asserts torch adds beside the equality are implied by it
+    assert [ch.cond for ch in c.ir.checks] == [f"Eq({next(iter(c.ir.runtime_symbols))}, 12)"]
     t = torch.tensor([2, 5, 5])  # the same total: served
     assert torch.equal(c.run(t), eager_on_cpu(model, (t,)))
     with pytest.raises(UntracedBranchError, match=line_of("PINNED")):

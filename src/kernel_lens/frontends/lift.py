@@ -27,7 +27,7 @@ from ..ir import (CompileOptions, ConstantData, ConstArg, Dispatch, GraphIR, Ker
                   LaunchArg, ListArg, ParamKind, Role, RuntimeCheck, RuntimeSymbol, SymArg, SymbolInfo,
                   TensorValue, TorchOp, ValueArg, format_expr, symbol)
 from ..ir.names import is_identifier, safe_identifier
-from ..ir.symbolic import to_plain_sympy
+from ..ir.symbolic import parse, to_plain_sympy
 from ..ir.kernel import Specialization
 from ..ir.types import dtype_from_torch, dtype_from_triton, DType
 from .aot import compile_binary, jit_resolver
@@ -296,6 +296,17 @@ class _Symbols:
                              f"dimension of any graph input (data-dependent or derived); "
                              f"kernel_lens needs every size to be a graph-input dimension")
         return format_expr(plain)
+
+
+def _without_implied(checks: list[RuntimeCheck]) -> list[RuntimeCheck]:
+    """``checks`` less those an equality among them implies (torch asserts ``u0 >= 12`` and
+    ``u0 <= 12`` beside ``Eq(u0, 12)``): the equality, which names why, is the one checked."""
+    exprs = [parse(c.cond) for c in checks]
+    pinned = {e.lhs: e.rhs for e in exprs if isinstance(e, sympy.Eq) and e.lhs.is_Symbol
+              and e.rhs.is_Integer}
+    return [c for c, e in zip(checks, exprs)
+            if not pinned or (isinstance(e, sympy.Eq) and e.lhs in pinned)
+            or e.xreplace(pinned) is not sympy.true]
 
 
 def _size_fact(cond: Any) -> bool:
@@ -900,6 +911,6 @@ def _lift_graph(model: Callable, example_inputs: tuple, dynamic_shapes: Any, *,
         name=safe_identifier(display), display_name=str(display)[:512], arch=archs[0], symbols=builder.syms.table, inputs=inputs,
         outputs=outputs, values=builder.values, constants=builder.constants, ops=builder.ops,
         launches=builder.launches, kernels=kernels, runtime_symbols=builder.syms.runtime,
-        checks=builder.checks,
+        checks=_without_implied(builder.checks),
     )
     return ir, captured.outputs

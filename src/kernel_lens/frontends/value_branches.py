@@ -24,7 +24,7 @@ import torch
 
 from ..errors import InputError, UnsupportedKernelError
 from ..ir import GraphIR, ValueBranch
-from .trace.size_pieces import unique_kernels
+from .trace.size_pieces import spec_for_box, unique_kernels
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,6 @@ def lift_branches(lift_one: Callable[[tuple, Any], tuple[GraphIR, Any]], main: G
     if not main.pieces:
         return with_branches(main, [(k, lift_one(inputs, dynamic_shapes)[0])
                                     for k, inputs in enumerate(extra_examples, 1)], names)
-    from .trace.size_pieces import spec_for_box  # size_pieces imports torch.export's Dims
 
     joined: dict[int, list[tuple[int, GraphIR]]] = {}
     for k, inputs in enumerate(extra_examples, 1):
