@@ -398,3 +398,24 @@ def test_a_piece_whose_tiled_example_takes_another_value_branch_at_an_end_is_ref
     with pytest.raises(TraceError, match="another branch on tensor values") as info:
         kl.compile(MODELS.NonzeroRows(), (x, mask), dynamic_shapes=({0: r}, {0: r}))
     assert line_of("BRANCH-NONZERO") in str(info.value) and "\n" not in str(info.value)
+
+
+def test_an_item_only_a_kernel_scalar_reads_is_computed_at_run_time():
+    """torch.export would drop the .item() as dead code (only the launch reads it): the launch
+    marker takes such sizes, so the graph keeps what makes them."""
+    x, counts = torch.randn(64), torch.tensor([3, 4, 5])
+    model = MODELS.ItemScalar()
+    c = kl.compile(model, (x, counts))
+    (name, _), = c.ir.runtime_symbols.items()
+    assert [a.expr for a in c.ir.launches[0].args if a.name == "k"] == [name]
+    for t in (counts, torch.tensor([100, -7, 0]), torch.zeros(3, dtype=torch.long)):
+        assert torch.equal(c.run(x, t), eager_on_cpu(model, (x, t)))
+
+
+def test_masked_select_with_a_broadcast_mask_gives_a_run_time_length():
+    x, keep = torch.randn(4, 32), torch.randint(0, 4, (32,))
+    model = MODELS.MaskedSelect()
+    c = kl.compile(model, (x, keep))
+    for k in (keep, torch.zeros(32, dtype=torch.long), torch.full((32,), 3)):
+        got = c.run(x, k)
+        assert got.shape == (int((k > 1).sum()) * 4,) and torch.equal(got, eager_on_cpu(model, (x, k)))

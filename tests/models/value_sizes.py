@@ -148,3 +148,30 @@ class CheckedCount(torch.nn.Module):
         n = valids.numel()
         ramp[(triton.cdiv(n, 64),)](valids, out, n, 1.0, BLOCK=64)
         return out
+
+
+@triton.jit
+def add_scalar(x_ptr, out_ptr, n, k, BLOCK: tl.constexpr):
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + o, tl.load(x_ptr + o, mask=o < n) + k, mask=o < n)
+
+
+class ItemScalar(torch.nn.Module):
+    """An .item() only a kernel's scalar reads (nothing else uses it)."""
+
+    def forward(self, x, counts):
+        out = torch.empty_like(x)
+        n = x.numel()
+        add_scalar[(triton.cdiv(n, 64),)](x, out, n, counts.sum().item(), BLOCK=64)
+        return out
+
+
+class MaskedSelect(torch.nn.Module):
+    """torch.masked_select with a broadcast mask, then a kernel over what it selected."""
+
+    def forward(self, x, keep):
+        picked = torch.masked_select(x, keep > 1)
+        out = torch.empty_like(picked)
+        n = picked.numel()
+        add_scalar[(triton.cdiv(n, 64),)](picked, out, n, 2, BLOCK=64)
+        return out

@@ -243,6 +243,19 @@ def _split(ctx: LoweringContext, op: TorchOp) -> list[str]:
     return pieces
 
 
+@register("aten.masked_select.default")
+def _masked_select(ctx: LoweringContext, op: TorchOp) -> list[str]:
+    """The elements of ``self`` where ``mask`` holds, both broadcast, in row-major order: a 1-D
+    tensor whose length (a size from tensor values) is known only at run time."""
+    a = Args(op, ["self", "mask"])
+    x, mask = ctx.tensor(a.arg("self")), ctx.tensor(a.arg("mask"))
+    x = ctx.node("Expand", [x, ctx.node("Shape", [mask])])  # both to the broadcast shape
+    mask = ctx.node("Expand", [mask, ctx.node("Shape", [x])])
+    flat = ctx.i64([-1])
+    return [ctx.node("Compress", [ctx.node("Reshape", [x, flat]), ctx.node("Reshape", [mask, flat])],
+                     axis=0)]
+
+
 @register("aten.squeeze.dims")
 def _squeeze_dims(ctx: LoweringContext, op: TorchOp) -> list[str]:
     # squeezing a dim that is not 1 is a no-op in torch: the IR's result shape says which went

@@ -42,12 +42,14 @@ with paused_then_frozen():  # torch.export pulls in torch._dynamo: see kernel_le
     import torch.export._trace  # noqa: F401
 
     @torch.library.custom_op("kernel_lens::launch", mutates_args=("tensors",))
-    def _launch_marker(launch_id: int, tensors: List[torch.Tensor]) -> None:
-        """Marks a Triton launch in an exported graph; it is never executed."""
+    def _launch_marker(launch_id: int, tensors: List[torch.Tensor], sizes: List[int]) -> None:
+        """Marks a Triton launch in an exported graph; it is never executed. ``sizes``: the
+        sizes from tensor values its scalars and grid use, so the graph keeps what makes them
+        (an ``.item()`` only a kernel scalar reads would be dead code to torch.export)."""
         raise RuntimeError("kernel_lens::launch is a trace-only marker and cannot run")
 
     @_launch_marker.register_fake
-    def _(launch_id: int, tensors: List[torch.Tensor]) -> None:
+    def _(launch_id: int, tensors: List[torch.Tensor], sizes: List[int]) -> None:
         return None
 
 
@@ -161,7 +163,9 @@ class _Tracer:
         sym_grid = _normalize_grid(grid_value, kernel, lambda g: _grid_entry(g, kernel))
         tensors = arguments.tensors_of(jit, params)
         self.launches.append(TracedLaunch(sym_grid, params, guards, domains))
-        LAUNCH_OP(len(self.launches) - 1, tensors)
+        from_values = [v for _, v, _ in arguments.walk_values(jit, params)] + list(sym_grid)
+        LAUNCH_OP(len(self.launches) - 1, tensors,
+                  [v for v in from_values if isinstance(v, torch.SymInt) and symbolic_shapes.free_unbacked_symbols(v)])
 
     def autotune_run(self, tuner: Any, args: tuple, kwargs: dict) -> Any:
         captured = self._expect(tuner)
