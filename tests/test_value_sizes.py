@@ -419,3 +419,16 @@ def test_masked_select_with_a_broadcast_mask_gives_a_run_time_length():
     for k in (keep, torch.zeros(32, dtype=torch.long), torch.full((32,), 3)):
         got = c.run(x, k)
         assert got.shape == (int((k > 1).sum()) * 4,) and torch.equal(got, eager_on_cpu(model, (x, k)))
+
+
+@pytest.mark.parametrize("name", ["NonzeroAsTuple", "RepeatInterleave"])
+def test_a_decomposed_op_making_a_count_reads_the_forwards_count(name):
+    """The front end decomposes these ops and the decomposition makes new sizes: they are the
+    op's own (its eager value, one run-time symbol for both)."""
+    x = torch.randn(16)
+    model = getattr(MODELS, name)()
+    c = kl.compile(model, (x, torch.randint(0, 4, (16,))))
+    assert len(c.ir.runtime_symbols) == 1
+    for counts in (torch.randint(0, 4, (16,)), torch.zeros(16, dtype=torch.long), torch.full((16,), 3)):
+        got = c.run(x, counts)
+        assert torch.equal(got, eager_on_cpu(model, (x, counts)))

@@ -175,3 +175,27 @@ class MaskedSelect(torch.nn.Module):
         n = picked.numel()
         add_scalar[(triton.cdiv(n, 64),)](picked, out, n, 2, BLOCK=64)
         return out
+
+
+class NonzeroAsTuple(torch.nn.Module):
+    """torch.nonzero(as_tuple=True): torch decomposes it, and the decomposition makes sizes of
+    its own, which are the forward's count."""
+
+    def forward(self, x, keep):
+        (idx,) = torch.nonzero(keep > 1, as_tuple=True)
+        picked = x[idx]
+        out = torch.empty_like(picked)
+        n = picked.numel()
+        add_scalar[(triton.cdiv(n, 64),)](picked, out, n, 2, BLOCK=64)
+        return out
+
+
+class RepeatInterleave(torch.nn.Module):
+    """repeat_interleave by a tensor of counts: the length is their sum."""
+
+    def forward(self, x, counts):
+        stretched = torch.repeat_interleave(x, counts)
+        out = torch.empty_like(stretched)
+        n = stretched.numel()
+        add_scalar[(triton.cdiv(n, 64),)](stretched, out, n, 1, BLOCK=64)
+        return out

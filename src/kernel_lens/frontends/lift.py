@@ -309,6 +309,24 @@ def _without_implied(checks: list[RuntimeCheck]) -> list[RuntimeCheck]:
             or e.xreplace(pinned) is not sympy.true]
 
 
+def _same_sizes_from_values(node: torch.fx.Node, result: Any) -> list[tuple[Any, Any]]:
+    """(outer, inner) unbacked symbols that are the same size: dims of ``node``'s result and of
+    its decomposition's ``result`` (re-traced, the decomposition made sizes of its own)."""
+    outer = node.meta.get("val")
+    outer = list(outer) if isinstance(outer, (list, tuple)) else [outer]
+    inner = result if isinstance(result, (list, tuple)) else [result]
+    pairs = []
+    for o, i in zip(outer, [r.meta.get("val") if isinstance(r, torch.fx.Node) else None for r in inner]):
+        if isinstance(o, torch.Tensor) and isinstance(i, torch.Tensor) and o.dim() == i.dim():
+            for so, si in zip(o.shape, i.shape):
+                if isinstance(so, torch.SymInt) and isinstance(si, torch.SymInt):
+                    eo, ei = so.node.expr, si.node.expr
+                    if eo != ei and eo.is_Symbol and ei.is_Symbol and eo.name.startswith("u") \
+                            and ei.name.startswith("u"):
+                        pairs.append((eo, ei))
+    return pairs
+
+
 def _size_fact(cond: Any) -> bool:
     """An assert that holds for every size (``u0 >= 0``, which torch asserts of each count):
     no line of the model's code is behind it."""
@@ -643,10 +661,22 @@ class _GraphBuilder:
                                     tensor_args(node) if args is None else args):
             if isinstance(arg, torch.fx.Node):
                 self.alias[placeholder.name] = self.alias.get(arg.name, arg.name)
+        result = next(n for n in subs if n.op == "output").args[0]
+        same = _same_sizes_from_values(node, result)
+        replay = getattr(self.traced, "replay", None)
+        for outer, inner in same if replay is not None else ():  # the re-trace made new symbols
+            if outer in replay.values and inner not in replay.values:
+                replay.values[inner] = replay.values[outer]
+                replay.made_at[inner] = replay.made_at.get(outer, "")
         for sub in subs:
             if sub.op == "call_function":
                 order = self._node(sub, order, depth + 1)
-        result = next(n for n in subs if n.op == "output").args[0]
+        for outer, inner in same:  # the forward's later ops read the outer symbol: the same size
+            named = self.syms.rename.get(inner)
+            if named is not None:
+                for variant in (outer, sympy.Symbol(outer.name, integer=True),
+                                sympy.Symbol(outer.name, integer=True, nonnegative=True)):
+                    self.syms.rename[variant] = named
         leaves = result if isinstance(result, (list, tuple)) else [result]
         if not all(isinstance(r, torch.fx.Node) for r in leaves):
             raise UnsupportedKernelError(

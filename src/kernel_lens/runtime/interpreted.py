@@ -262,6 +262,20 @@ def _check_op_class() -> type:
     return type(CHECK_OP, (OpRun,), {"op_domain": DOMAIN, "_run": _run})
 
 
+def _cumsum_class() -> type:
+    """ONNX ``CumSum`` as ONNX Runtime runs it: the axis a 0-D tensor or a 1-D one of one
+    element (torchlib's ``repeat_interleave`` gives the latter; ONNX's reference evaluator
+    takes only the former)."""
+    from onnx.reference.ops.op_cum_sum import CumSum  # lazy: onnx.reference takes 0.2 s
+
+    def _run(self, x, axis=None, exclusive=None, reverse=None):
+        if axis is not None and np.asarray(axis).size == 1:
+            axis = np.asarray(axis).reshape(())
+        return CumSum._run(self, x, axis, exclusive=exclusive, reverse=reverse)
+
+    return type("CumSum", (CumSum,), {"op_domain": "", "_run": _run})
+
+
 def launch_nodes(model: onnx.ModelProto) -> set[tuple[str, str]]:
     """(domain, op_type) of every node, at any depth, that is a kernel launch (it carries the
     ``launch`` attribute the lowering gives every launch node, whatever the target names it)."""
@@ -294,7 +308,7 @@ class InterpretedModel:
         names = list(self.plan.symbols)
         self.nodes = {p.index: LaunchNode(p, kernels, names) for p in self.plan.launches}
         ops = [_launch_op_class(domain, op_type, self.nodes) for domain, op_type in launch_nodes(model)]
-        ops.append(_check_op_class())
+        ops += [_check_op_class(), _cumsum_class()]
         self.evaluator = ReferenceEvaluator(model, new_ops=ops)
         self._outputs = [o.name for o in model.graph.output]
         self._written = [ir.inputs.index(n.removeprefix(MUTATED_PREFIX)) for n in self._outputs
