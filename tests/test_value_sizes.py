@@ -266,6 +266,15 @@ def test_a_branched_ir_is_checked_at_load(branched):
             case["kernel"] = k0
     with pytest.raises(IRError, match="unique across branches"):
         GraphIR.from_json(json.dumps(clash))
+    half = json.loads(json.dumps(raw))
+    g1 = half["branches"][1]["graph"]
+    g1["values"][g1["outputs"][0]]["dtype"] = "fp16"
+    with pytest.raises(IRError, match="branch 1: output 0 is fp16"):
+        GraphIR.from_json(json.dumps(half))
+    reshaped = json.loads(json.dumps(raw))
+    reshaped["values"][reshaped["outputs"][0]]["shape"] = ["7"]
+    with pytest.raises(IRError, match=r"output 0 has shape \['7'\], every branch \['100'\]"):
+        GraphIR.from_json(json.dumps(reshaped))
     both = dict(raw, pieces=[{"when": [{"ranges": {}}], "graph": raw["branches"][0]["graph"]}])
     with pytest.raises(IRError, match="not both"):
         GraphIR.from_json(json.dumps(both))
@@ -432,3 +441,47 @@ def test_a_decomposed_op_making_a_count_reads_the_forwards_count(name):
     for counts in (torch.randint(0, 4, (16,)), torch.zeros(16, dtype=torch.long), torch.full((16,), 3)):
         got = c.run(x, counts)
         assert torch.equal(got, eager_on_cpu(model, (x, counts)))
+
+
+def test_item_values_are_sizes_at_least_zero_and_a_negative_one_is_refused():
+    """Conditions on .item() values reason as sizes (>= 0): a negative value in the example is
+    refused at compile time, one at run time stops the call before anything reads it."""
+    x = torch.randn(64)
+    model = MODELS.NegativeItem()
+    with pytest.raises(UnsupportedKernelError, match="negative in the example"):
+        kl.compile(model, (x, torch.tensor([-1, -5])))
+    c = kl.compile(model, (x, torch.tensor([5, 1])))
+    assert torch.equal(c.run(x, torch.tensor([7, 0])), eager_on_cpu(model, (x, torch.tensor([7, 0]))))
+    with pytest.raises(UntracedBranchError, match=r"\.item\(\) at .*value_sizes\.py:\d+.* is negative"):
+        c.run(x, torch.tensor([-10, -20]))
+
+
+def test_only_conditions_on_pinned_symbols_alone_are_dropped_as_implied():
+    from kernel_lens.frontends.lift import _without_implied
+    from kernel_lens.ir import RuntimeCheck
+    checks = [RuntimeCheck(order=k, cond=c) for k, c in
+              enumerate(["Eq(u0, 12)", "u0 >= 12", "u0 <= 12", "u0 + u1 >= 12", "u1 >= 3"])]
+    assert [c.cond for c in _without_implied(checks)] == ["Eq(u0, 12)", "u0 + u1 >= 12", "u1 >= 3"]
+
+
+def test_branches_giving_an_output_another_dtype_are_refused():
+    x = torch.randn(64)
+    with pytest.raises(UnsupportedKernelError, match="output 0 is fp16 .* fp32") as info:
+        kl.compile(MODELS.HalfOnOneBranch(), (x, flags(0)), extra_examples=[(x, flags(1))])
+    assert "\n" not in str(info.value)
+
+
+def test_a_hoisted_weight_never_takes_a_graph_inputs_name():
+    """An ONNX initializer named like a graph input is only the input's default: the caller's
+    tensor would replace the weight in every branch."""
+    import onnx
+    from onnx import TensorProto, helper
+    from kernel_lens.onnx.pieces import branch_body
+    weight = helper.make_tensor("mul", TensorProto.FLOAT, [1], [2.0])
+    graph = helper.make_graph([helper.make_node("Mul", ["w_mul", "mul"], ["output_0"])], "g",
+                              [helper.make_tensor_value_info("w_mul", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("output_0", TensorProto.FLOAT, [1])],
+                              initializer=[weight])
+    shared: dict = {}
+    body = branch_body(graph, 0, {"w_mul"}, ["output_0"], [], shared, tag="b")
+    assert list(shared) == ["w_w_mul"] and list(body.node[0].input) == ["w_mul", "w_w_mul"]

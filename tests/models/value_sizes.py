@@ -199,3 +199,28 @@ class RepeatInterleave(torch.nn.Module):
         n = stretched.numel()
         add_scalar[(triton.cdiv(n, 64),)](stretched, out, n, 1, BLOCK=64)
         return out
+
+
+class HalfOnOneBranch(torch.nn.Module):
+    """One branch returns float16, the other float32: no one compiled output dtype."""
+
+    def forward(self, x, flag):
+        out = torch.empty_like(x)
+        n = x.numel()
+        ramp[(triton.cdiv(n, 64),)](x, out, n, 1.0, BLOCK=64)
+        if flag.any().item():  # BRANCH-HALF
+            return out.half()
+        return out
+
+
+class NegativeItem(torch.nn.Module):
+    """A branch on an .item() that may be negative."""
+
+    def forward(self, x, t):
+        out = torch.empty_like(x)
+        n = x.numel()
+        v = 1.0
+        if t.max().item() >= 2:  # BRANCH-NEG
+            v = 2.0
+        ramp[(triton.cdiv(n, 64),)](x, out, n, v, BLOCK=64)
+        return out

@@ -304,9 +304,9 @@ def _without_implied(checks: list[RuntimeCheck]) -> list[RuntimeCheck]:
     exprs = [parse(c.cond) for c in checks]
     pinned = {e.lhs: e.rhs for e in exprs if isinstance(e, sympy.Eq) and e.lhs.is_Symbol
               and e.rhs.is_Integer}
-    return [c for c, e in zip(checks, exprs)
+    return [c for c, e in zip(checks, exprs)  # only conditions on pinned symbols alone
             if not pinned or (isinstance(e, sympy.Eq) and e.lhs in pinned)
-            or e.xreplace(pinned) is not sympy.true]
+            or not e.free_symbols <= set(pinned) or e.xreplace(pinned) is not sympy.true]
 
 
 def _same_sizes_from_values(node: torch.fx.Node, result: Any) -> list[tuple[Any, Any]]:
@@ -582,6 +582,10 @@ class _GraphBuilder:
         """The run-time symbol ``sym`` = ``tensor.item()`` at ``order``, with its carrier (a
         tensor of no elements and shape [symbol, 0], made by an allocation at ``order``)."""
         source = self.alias.get(tensor.name, tensor.name)
+        if example < 0:
+            raise UnsupportedKernelError(
+                f"the value of .item() at {where} is negative in the example ({example}): "
+                f"kernel_lens takes run-time sizes and scalars from .item() values >= 0")
         if self.values[source].dtype.is_float:
             raise UnsupportedKernelError(
                 f"a size is computed from the value of a floating-point tensor ({source}) at "

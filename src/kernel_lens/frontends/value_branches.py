@@ -77,6 +77,14 @@ def with_branches(main: GraphIR, extra: Sequence[tuple[int, GraphIR]], names: li
                     f"with shape [{', '.join(graph.values[name].shape)}], example_inputs with "
                     f"[{', '.join(main.values[name].shape)}]: a dim that differs between examples "
                     f"must be dynamic (dynamic_shapes)")
+        for i, (mine, theirs) in enumerate(zip(main.outputs, graph.outputs)):
+            a, b = main.values[mine], graph.values[theirs]
+            if (a.dtype, len(a.shape)) != (b.dtype, len(b.shape)):
+                raise UnsupportedKernelError(
+                    f"output {i} is {b.dtype.value} of rank {len(b.shape)} on the branch "
+                    f"extra_examples[{k - 1}] takes, {a.dtype.value} of rank {len(a.shape)} on the "
+                    f"example's: a compiled model gives each output one dtype and rank (cast "
+                    f"or reshape it the same way on every branch)")
         same = next((j for j, g in kept if _key(g) == _key(graph)), None)
         if same is not None:
             log.info("extra_examples[%d] took the same branches as %s", k - 1,

@@ -428,10 +428,21 @@ class GraphIR(_Model):
                                  f"{sorted(set(g.symbols) - set(self.symbols))}")
             if not g.checks:
                 raise ValueError(f"branch {k} has no checks: it would serve every call")
+            for i, (top, mine) in enumerate(zip(self.outputs, g.outputs)):
+                want, got = self.values[top], g.values[mine]
+                if (got.dtype, len(got.shape)) != (want.dtype, len(want.shape)):
+                    raise ValueError(f"branch {k}: output {i} is {got.dtype.value} of rank "
+                                     f"{len(got.shape)}, the model's {want.dtype.value} of rank "
+                                     f"{len(want.shape)}")
             for kid in g.kernels:
                 if owners.setdefault(kid, k) != k:
                     raise ValueError(f"kernel id {kid!r} is used by branches {owners[kid]} and {k}; "
                                      f"kernel ids are unique across branches")
+        for i, top in enumerate(self.outputs):  # the runner binds outputs by the model's shape
+            shapes = {tuple(b.graph.values[b.graph.outputs[i]].shape) for b in self.branches}
+            if len(shapes) == 1 and shapes != {tuple(self.values[top].shape)}:
+                raise ValueError(f"output {i} has shape {self.values[top].shape}, every branch "
+                                 f"{list(next(iter(shapes)))}")
         return self
 
     def _pieces_tile_the_ranges(self) -> None:

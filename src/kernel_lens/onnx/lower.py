@@ -293,6 +293,13 @@ class Lowering(GraphBuilder, MemoryModel):
         else:
             flat = self.node("Reshape", [source, self.i64([1])])
             out = self.cast(flat, self.ir.values[info.value].dtype, DType.i64)
+            # sizes are >= 0 (a carrier's dim, and every condition on it reasons so): another
+            # value stops the call before anything reads it as a size
+            ok = f"{CHECK_OUTPUT}item.{name}"
+            self.node(CHECK_OP, [self.node("GreaterOrEqual", [out, self.i64([0])])], domain=DOMAIN,
+                      outputs=[ok], message=f"the value of .item() at {info.where or 'an unknown line'} "
+                      f"is negative; kernel_lens takes sizes and scalars from .item() values >= 0")
+            self.check_outputs.append(ok)
         self.runtime_bound[name] = out
         self._scope = "graph"
 

@@ -214,8 +214,10 @@ def branch_body(graph: onnx.GraphProto, k: int, inputs: set[str], outputs: list[
     rename: dict[str, str] = {}
     keep = []
     for init in graph.initializer:
-        digest = hashlib.sha256(init.SerializeToString()).hexdigest()
+        digest = _digest(init)  # the bytes and type, whatever the name
         key = f"w_{init.name}"
+        while key in inputs:  # a graph input's name: the input would override the weight
+            key = f"w_{key}"
         same = shared.get(key)
         if same is None or _digest(same) == digest:
             hoisted = onnx.TensorProto()
@@ -261,7 +263,7 @@ def _inputs_info(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
 def _digest(t: onnx.TensorProto) -> str:
     copy = onnx.TensorProto()
     copy.CopyFrom(t)
-    copy.name = t.name.removeprefix("w_")
+    copy.name = ""
     return hashlib.sha256(copy.SerializeToString()).hexdigest()
 
 
