@@ -331,7 +331,7 @@ def test_the_ort_target_of_a_branched_model_resolves_and_its_folder_equals_eager
         assert torch.equal(again.run(x, mask), eager_on_cpu(model, (x, mask)))
 
 
-def test_a_dim_range_holding_one_splits_into_pieces_and_values_are_read_in_each(branched):
+def test_a_dim_range_holding_one_splits_into_pieces_and_values_are_read_in_each(branched, tmp_path, ort_headers):
     """Dim(min=1): size 1 is a piece of its own (torch's 0/1 specialization); each piece reads
     values and checks its branches, and each extra example joins the piece of its sizes."""
     from torch.export import Dim
@@ -348,6 +348,11 @@ def test_a_dim_range_holding_one_splits_into_pieces_and_values_are_read_in_each(
             y, mask = torch.randn(size), torch.full((size,), value, dtype=torch.bool)
             assert torch.equal(c.run(y, mask), eager_on_cpu(model, (y, mask)))
     assert "piece 1: n in [2, 4096]" in c.summary() and "  branch 1 (taken by" in c.summary()
+    from conftest import assert_loads_in_ort  # pieces of branches: nested Ifs ORT resolves
+    c.write(tmp_path, ["ort"])
+    assert_loads_in_ort(c.artifacts["ort.onnx"], c.artifacts["ort.library"])
+    y, mask = torch.randn(1), torch.ones(1, dtype=torch.bool)
+    assert torch.equal(kl.load(tmp_path).run(y, mask), eager_on_cpu(model, (y, mask)))
 
 
 def test_a_value_shaped_output_in_pieces_follows_the_values_and_an_untraced_branch_is_refused():
