@@ -85,8 +85,20 @@ def test_a_branch_on_a_value_runs_the_traced_branch_and_refuses_the_other(compil
         c.run(x, other)
 
 
-def test_int_of_a_tensor_is_pinned_and_another_value_is_refused(compiled):
+def test_int_of_an_integer_tensor_is_a_run_time_size(compiled):
+    """``int(lengths.sum())`` and ``int(t.item())``: torch would make the value a constant of
+    the trace; in the modules that call int() on tensor values it stays a size."""
     model, c = compiled("IntSize", torch.tensor([3, 4, 5]))
+    assert len(c.ir.runtime_symbols) == 2 and not c.ir.checks
+    for t in ([3, 4, 5], [100, 1, 5], [0, 0, 0], [7, 0, 0]):
+        t = torch.tensor(t)
+        got = c.run(t)
+        assert got.shape == (int(t.sum()),) and torch.equal(got, eager_on_cpu(model, (t,)))
+    assert int.__module__ == "builtins" and "int" not in vars(MODELS)  # nothing left behind
+
+
+def test_a_tensor_used_as_an_index_is_pinned_and_another_value_is_refused(compiled):
+    model, c = compiled("IndexSize", torch.tensor([3, 4, 5]))
     # one check: the range asserts torch adds beside the equality are implied by it
     assert [ch.cond for ch in c.ir.checks] == [f"Eq({next(iter(c.ir.runtime_symbols))}, 12)"]
     t = torch.tensor([2, 5, 5])  # the same total: served
@@ -490,3 +502,10 @@ def test_a_hoisted_weight_never_takes_a_graph_inputs_name():
     shared: dict = {}
     body = branch_body(graph, 0, {"w_mul"}, ["output_0"], [], shared, tag="b")
     assert list(shared) == ["w_w_mul"] and list(body.node[0].input) == ["w_mul", "w_w_mul"]
+
+
+def test_the_int_the_trace_gives_a_models_module_is_int_for_everything_but_tensor_values():
+    from kernel_lens.frontends.capture.data_values import _SymbolicInt as Int
+    assert isinstance(3, Int) and issubclass(bool, Int) and not isinstance(3.0, Int)
+    assert (Int("12"), Int("ff", 16), Int(3.7), Int(), Int(torch.tensor(5))) == (12, 255, 3, 0, 5)
+    assert type(Int(torch.tensor(5))) is int and Int(torch.tensor(2.5)) == 2

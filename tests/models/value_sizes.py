@@ -1,6 +1,8 @@
 """Models whose host code reads tensor VALUES (issue 40): a nonzero() count as a grid and a
 size, an .item() as a size, an .item() branch choosing what the kernel writes, int() of a tensor."""
 
+import operator
+
 import torch
 import triton
 import triton.language as tl
@@ -57,10 +59,21 @@ class ItemBranch(torch.nn.Module):
 
 
 class IntSize(torch.nn.Module):
-    """int() of a tensor: Python makes it a constant of the trace."""
+    """int() of an integer tensor, and int() of an .item(): sizes that follow the values."""
 
     def forward(self, lengths):
-        total = int(lengths.sum())  # PINNED
+        total = int(lengths.sum())  # INT-SIZE
+        out = torch.empty(total)
+        ramp[(triton.cdiv(int(lengths.max().item()) + total, 64),)](lengths, out, total, 3.0, BLOCK=64)
+        return out
+
+
+class IndexSize(torch.nn.Module):
+    """A tensor as an index (``operator.index``): Python makes it a constant of the trace
+    (pinned, checked)."""
+
+    def forward(self, lengths):
+        total = operator.index(lengths.sum())  # PINNED
         out = torch.empty(total)
         ramp[(triton.cdiv(total, 64),)](lengths, out, total, 3.0, BLOCK=64)
         return out

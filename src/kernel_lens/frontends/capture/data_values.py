@@ -12,6 +12,7 @@ that would take another branch is refused, naming the model's line (:data:`Repla
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import linecache
 import os
@@ -213,6 +214,51 @@ def replaying(log: list, replay: Replay) -> Iterator[None]:
     finally:
         fake_tensor.FakeTensorMode._dispatch_impl = impl
         ShapeEnv.guard_or_defer_runtime_assert = defer
+
+
+class _IntType(type):
+    """``isinstance``/``issubclass`` against :class:`_SymbolicInt` answer as for ``int``."""
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, builtins.int)
+
+    def __subclasscheck__(cls, sub: Any) -> bool:
+        return issubclass(sub, builtins.int)
+
+
+class _SymbolicInt(builtins.int, metaclass=_IntType):
+    """``int`` in the modules whose code reads a tensor's value with ``int()`` (the eager run
+    saw where), while torch.export traces: ``int(t)`` of a one-element integer tensor is
+    ``t.item()`` and ``int()`` of such a value is the value, so the size stays a run-time size
+    (torch's ``int()`` would make it a constant of the trace). Everything else is ``int``."""
+
+    def __new__(cls, x: Any = 0, *args: Any, **kwargs: Any) -> Any:
+        if not args and not kwargs:
+            if isinstance(x, torch.Tensor) and x.numel() == 1 and not x.is_floating_point() \
+                    and not x.is_complex() and x.dtype != torch.bool:
+                return x.item()
+            if isinstance(x, torch.SymInt) and free_unbacked_symbols(x):
+                return x
+        return builtins.int(x, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def symbolic_int(log: list) -> Iterator[None]:
+    """:class:`_SymbolicInt` as ``int`` in the modules where the eager run (``log``, see
+    :func:`recording`) read a scalar from a tensor on a line calling ``int(``."""
+    files = {os.path.realpath(where.split(":")[0]) for op, _, where in log
+             if "_local_scalar_dense" in op and where and "int(" in where.partition(": ")[2]}
+    patched = []
+    for module in list(sys.modules.values()) if files else ():
+        path = getattr(module, "__file__", None)
+        if path and os.path.realpath(path) in files and "int" not in vars(module):
+            module.int = _SymbolicInt
+            patched.append(module)
+    try:
+        yield
+    finally:
+        for module in patched:
+            vars(module).pop("int", None)
 
 
 def _unbacked(symbol: Any) -> bool:

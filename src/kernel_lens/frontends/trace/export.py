@@ -452,7 +452,8 @@ def _export(module: torch.nn.Module, example_inputs: tuple, dynamic_shapes: Any,
     env = symbolic_shapes.ShapeEnv
     try:
         with _tracing(tracer), contextlib.redirect_stderr(chatter), _kept_logs(chatter), \
-                torch.compiler.set_stance("force_eager"), data_values.replaying(getattr(captured, "data_log", []), tracer.replay), \
+                torch.compiler.set_stance("force_eager"), \
+                data_values.symbolic_int(getattr(captured, "data_log", [])), data_values.replaying(getattr(captured, "data_log", []), tracer.replay), \
                 _patched(env, "produce_guards_verbose", _recording_violations(env.produce_guards_verbose)):
             program = torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic_shapes,
                                           strict=False,
