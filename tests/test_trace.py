@@ -122,3 +122,36 @@ def test_an_autocast_region_that_casts_is_refused_in_one_line():
     x, y = torch.randn(300), torch.randn(300)
     with pytest.raises(UnsupportedKernelError, match="autocast region"):
         kl.lift(_Wrapped(enabled=True), (x, y), arch=90)
+
+
+def test_a_deferred_guard_failing_at_one_size_deep_in_a_wide_range_is_found():
+    """One bounded size: the check is exact over the range, not sampled (77003, the first size
+    where it fails, is none of the sampled sizes of [2, 100000])."""
+    with pytest.raises(TraceError, match=r"fails at .*=77003\b"):
+        _lift_guarded(lambda n: ((n % 8 != 3) | (n < 77000)) and n * (8 + n - n % 8) > 1, max_n=100000)
+
+
+class _Guarded2(torch.nn.Module):
+    """A size condition on two inputs' sizes."""
+
+    def __init__(self, cond):
+        super().__init__()
+        self.cond = cond
+
+    def forward(self, x, z):
+        from vector_add import add_kernel
+
+        n = x.shape[0]
+        y = x * 2 if self.cond(n, z.shape[0]) else x
+        out = torch.empty_like(y)
+        add_kernel[(triton.cdiv(n, 64),)](y, x, out, n, BLOCK_SIZE=64)
+        return out
+
+
+def test_a_deferred_guard_on_two_sizes_names_the_sizes_where_it_fails():
+    """Two sizes: sampled; the error names the first sampled sizes where it fails (3, 3)."""
+    load_module(ROOT / "tests" / "corpus" / "vector_add.py")
+    dims = ({0: torch.export.Dim("n", min=2, max=4096)}, {0: torch.export.Dim("m", min=2, max=4096)})
+    guard = _Guarded2(lambda n, m: ((n % 8 != 3) | (m % 8 != 3)) and n * (8 + n - n % 8) > 1)
+    with pytest.raises(TraceError, match=r"fails at \w+=3, \w+=3\b"):
+        kl.lift(guard, (torch.randn(40), torch.randn(24)), dynamic_shapes=dims, arch=90)

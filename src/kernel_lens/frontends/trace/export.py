@@ -307,8 +307,8 @@ def trace(model: Callable, example_inputs: tuple, dynamic_shapes: Any,
     range analysis), the export is retried with the guards deferred to runtime asserts, as
     torch.onnx.export does, and every deferred assert is then checked here over the declared
     range: a condition on one bounded size exactly (:func:`~.size_functions.truth_pieces`); one
-    on several sizes exhaustively where the range is small, at sampled sizes otherwise. One that
-    fails for some size is an error naming it.
+    on several sizes, or on an unbounded one, at sampled sizes. One that fails for some size is
+    an error naming it.
     """
     module = model if isinstance(model, torch.nn.Module) else _Wrapper(model)
     _fixed_at.clear()
@@ -464,9 +464,6 @@ def _export(module: torch.nn.Module, example_inputs: tuple, dynamic_shapes: Any,
     return program, tracer
 
 
-_EXHAUSTIVE = 1 << 14  # sizes checked one by one when a range is at most this wide
-
-
 def _check_deferred_asserts(program: torch.export.ExportedProgram, original: BaseException) -> None:
     """Every runtime assert torch deferred must hold over the declared ranges (kernel_lens drops
     asserts from the graph, so one that could fail would make the compiled model silently wrong)."""
@@ -477,8 +474,6 @@ def _check_deferred_asserts(program: torch.export.ExportedProgram, original: Bas
         lo = int(vr.lower) if vr is not None and vr.lower.is_Integer else 0
         hi = int(vr.upper) if vr is not None and vr.upper.is_Integer else None
         top = hi if hi is not None else lo + (1 << 20)
-        if many and top - lo <= _EXHAUSTIVE:
-            return list(range(lo, top + 1))
         picks = set(range(lo, min(top, lo + (512 if many else 8)) + 1)) | {top}
         for k in range(1, 64):
             for v in (2 ** k - 1, 2 ** k, 2 ** k + 1, 3 * 2 ** k):
