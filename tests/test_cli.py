@@ -117,6 +117,8 @@ def test_help_imports_nothing_heavy():
 
 
 def test_dump_ir_after_none_honours_dynamic():
+    plain = kl("dump-ir", TOY, "--after", "none").stdout  # without --json: the summary
+    assert plain.startswith("graph ") and "symbols:" in plain and not plain.lstrip().startswith("{")
     declared = json.loads(kl("dump-ir", TOY, "--json", "--after", "none").stdout)
     auto = kl("dump-ir", TOY, "--json", "--after", "none", "--dynamic")
     ir = json.loads(auto.stdout)

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+import triton
 
 import kernel_lens as kl
 from kernel_lens.errors import InputError
@@ -123,3 +124,30 @@ def test_a_boolean_mask_selection_is_a_run_time_size(tmp_path):
     for x in (mf.example_inputs[0], torch.linspace(-1, 1, mf.example_inputs[0].numel())):
         got = c.run(x)
         assert got.shape == ((x > 0).sum(),) and torch.equal(got, eager_on_cpu(mf.model, (x,)))
+
+
+class _HalfOfOdd(torch.nn.Module):
+    """Its one input is 2n+1 long; the graph sizes a tensor by n (read as (size - 1) / 2)."""
+
+    def forward(self, x):
+        from vector_add import add_kernel
+
+        n = (x.shape[0] - 1) // 2
+        head = x[:n] * 3
+        out = torch.empty(n)
+        add_kernel[(triton.cdiv(n, 64),)](head, head, out, n, BLOCK_SIZE=64)
+        return out
+
+
+def test_a_size_read_from_a_derived_dim_is_computed_by_the_graph_at_every_size():
+    from conftest import eager_on_cpu
+    load_module(CORPUS / "vector_add.py")
+    n = torch.export.Dim("n", min=2, max=64)
+    model = _HalfOfOdd()
+    c = kl.compile(model, (torch.randn(41),), dynamic_shapes=({0: 2 * n + 1},), arch=90)
+    info = c.ir.symbols["n"]
+    assert (info.scale, info.offset) == (2, 1)
+    for size in (5, 41, 129):
+        x = torch.randn(size)
+        got = c.run(x)
+        assert got.shape == ((size - 1) // 2,) and torch.equal(got, eager_on_cpu(model, (x,)))

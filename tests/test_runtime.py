@@ -83,6 +83,7 @@ def test_save_copies_the_artifacts_and_load_reads_them(cached, tmp_path):
     for kind, path in saved.artifacts.items():
         assert path.parent == tmp_path / "saved"
         assert path.read_bytes() == cached.artifacts[kind].read_bytes()
+    assert saved.ir == cached.ir and saved.folder == tmp_path / "saved"  # the returned model
     loaded = kl.load(tmp_path / "saved", cuda_graph=True)
     assert loaded.ir == cached.ir and loaded.cuda_graph
     assert kl.load(cached.artifacts["ir"].parent).ir == cached.ir  # the cache folder loads too
