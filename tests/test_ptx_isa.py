@@ -175,6 +175,7 @@ def test_newer_isa_feature_is_refused(fence_ptx90):
     assert "sm_90a" in msg and "8.7" in msg and "8.0" in msg
     assert "error" in msg and "8.3" in msg  # ptxas's own diagnostic is quoted
     assert FENCE_83 in msg  # the offending PTX instruction is named
+    assert "one supporting PTX ISA 8.3" in msg  # the way past it, read from ptxas's complaint
     with pytest.raises(PtxIsaError, match="8.3"):
         clamp_ptx_version(fence_ptx90, (8, 2))
 
@@ -192,6 +193,16 @@ def test_skipping_the_proof_is_explicit(fence_ptx90, tmp_path):
     assert parse_ptx_version(out) == (8, 0)
     proc = _ptxas_ok(out, "sm_90a", tmp_path)
     assert proc.returncode != 0 and "8.3" in proc.stderr
+
+
+def test_a_ptxas_failure_of_another_kind_gets_the_general_advice(ptx90, tmp_path):
+    fake = tmp_path / "ptxas"
+    fake.write_text("#!/bin/sh\necho 'ptxas fatal   : Unresolved extern function foo' >&2\nexit 255\n")
+    fake.chmod(0o755)
+    with pytest.raises(PtxIsaError, match=r"Unresolved extern function foo.* Check that this ptxas "
+                                          r"supports the target and PTX version, or use a newer "
+                                          r"NVIDIA driver / CUDA toolkit so no lowering is needed"):
+        clamp_ptx_version(ptx90, (8, 0), ptxas=str(fake))
 
 
 def test_ptxas_not_found(ptx90, monkeypatch, tmp_path):

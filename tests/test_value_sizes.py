@@ -303,8 +303,9 @@ def test_a_model_file_names_its_extra_examples_for_the_cli(tmp_path):
     mf = load_model_file(path)
     assert len(mf.extra_examples) == 1 and mf.extra_examples[0][1].all()
     report = verify_file(str(path), cap=64)
-    assert report.ok, report.text() if hasattr(report, "text") else report
+    assert report.ok, report.text()
     assert len(report.sets) == 2  # the example's sizes, then the extra example
+    assert report.text().startswith("verify ItemBranch on CPU (no CUDA GPU):")
 
 
 def test_the_models_line_is_never_pythons_own_library_nor_a_test_tools_wrapper():

@@ -161,6 +161,11 @@ def run(names_file: Path, jobs: int = 2, timeout: int = 900) -> dict[str, int]:
     return codes
 
 
+# verdicts of a survivor some test catches: one added after the run, the mutant applied by hand
+# (mutmut could not activate it), or a test of the long set (mutmut's stats ran the fast set)
+_CAUGHT = ("gap, fixed", "killed by hand", "killed by the long set")
+
+
 def collect(names_file: Path) -> dict:
     codes = _all()
     names = [n for n in names_file.read_text().split() if n]
@@ -173,7 +178,7 @@ def collect(names_file: Path) -> dict:
     no_tests = [n for n in names if status[n] == "no tests"]
     verdict = {n: triage.get(n, ["untriaged"])[0] for n in survivors}
     equivalent = [n for n in survivors if verdict[n] == "equivalent"]
-    fixed = [n for n in survivors if verdict[n] in ("gap, fixed", "killed by hand")]
+    fixed = [n for n in survivors if verdict[n] in _CAUGHT]
     not_run = [n for n in names if status[n] == "not checked"]
     measured = [n for n in names if status[n] != "not checked"]
 
@@ -184,7 +189,7 @@ def collect(names_file: Path) -> dict:
                 "ci95": [round(max(0.0, p - half), 4), round(min(1.0, p + half), 4)]}
 
     # no CPU test reaches it: the ORT session code (GPU only), or a gap the triage names
-    no_tests_fixed = [n for n in no_tests if triage.get(n, [""])[0] in ("gap, fixed", "killed by hand")]
+    no_tests_fixed = [n for n in no_tests if triage.get(n, [""])[0] in _CAUGHT]
     no_tests_equivalent = [n for n in no_tests if triage.get(n, [""])[0] == "equivalent"]
     gpu_only = [n for n in survivors + no_tests if triage.get(n, [""])[0] == "gpu-only"]
     equivalent = equivalent + no_tests_equivalent
@@ -199,8 +204,8 @@ def collect(names_file: Path) -> dict:
     return {
         "tool": "mutmut " + __import__("mutmut").__version__,
         "generated": len(codes), "sampled": len(names), "sample_seed": 0,
-        "sample_rule": "uniform over the mutants of functions with a line added since 2026-12-01 "
-                       "(mutation.py sample N SEED --since 2026-12-01)",
+        "sample_rule": "uniform over the mutants of the functions a change touched "
+                       "(mutation.py sample N SEED --since C --until C2; see the README)",
         "statuses": dict(counts),
         # measured: every sampled mutant that got a verdict; "no tests" (no CPU test reaches the
         # function: GPU-only code) counts as not killed
