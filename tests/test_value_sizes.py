@@ -510,3 +510,16 @@ def test_the_int_the_trace_gives_a_models_module_is_int_for_everything_but_tenso
     assert isinstance(3, Int) and issubclass(bool, Int) and not isinstance(3.0, Int)
     assert (Int("12"), Int("ff", 16), Int(3.7), Int(), Int(torch.tensor(5))) == (12, 255, 3, 0, 5)
     assert type(Int(torch.tensor(5))) is int and Int(torch.tensor(2.5)) == 2
+
+
+def test_a_module_using_int_as_a_dtype_is_traced_with_pythons_int():
+    """``dtype=int`` takes only Python's own ``int``: the trace runs again with it, and int()
+    of the value is then pinned (checked), never wrong."""
+    model = MODELS.IntAsDtype()
+    c = kl.compile(model, (torch.tensor([3, 4, 5]),))
+    t = torch.tensor([2, 5, 5])
+    got, want = c.run(t), eager_on_cpu(model, (t,))
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert [ch.cond for ch in c.ir.checks] == [f"Eq({next(iter(c.ir.runtime_symbols))}, 12)"]
+    with pytest.raises(UntracedBranchError, match=line_of("INT-DTYPE")):  # pinned: refused
+        c.run(torch.tensor([1, 1, 1]))

@@ -237,3 +237,14 @@ class NegativeItem(torch.nn.Module):
             v = 2.0
         ramp[(triton.cdiv(n, 64),)](x, out, n, v, BLOCK=64)
         return out
+
+
+class IntAsDtype(torch.nn.Module):
+    """A module that reads a value with int() and also uses ``int`` as a dtype."""
+
+    def forward(self, lengths):
+        total = int(lengths.sum())  # INT-DTYPE
+        steps = torch.arange(3, dtype=int)
+        out = torch.empty(total)
+        ramp[(triton.cdiv(total, 64),)](lengths, out, total, 3.0, BLOCK=64)
+        return out, steps

@@ -242,12 +242,17 @@ class _SymbolicInt(builtins.int, metaclass=_IntType):
         return builtins.int(x, *args, **kwargs)
 
 
+def int_reads(log: list) -> set[str]:
+    """The files where the eager run (``log``) read a tensor's value on a line calling ``int(``."""
+    return {os.path.realpath(where.split(":")[0]) for op, _, where in log
+            if "_local_scalar_dense" in op and where and "int(" in where.partition(": ")[2]}
+
+
 @contextlib.contextmanager
 def symbolic_int(log: list) -> Iterator[None]:
     """:class:`_SymbolicInt` as ``int`` in the modules where the eager run (``log``, see
     :func:`recording`) read a scalar from a tensor on a line calling ``int(``."""
-    files = {os.path.realpath(where.split(":")[0]) for op, _, where in log
-             if "_local_scalar_dense" in op and where and "int(" in where.partition(": ")[2]}
+    files = int_reads(log)
     patched = []
     for module in list(sys.modules.values()) if files else ():
         path = getattr(module, "__file__", None)

@@ -445,6 +445,25 @@ def _kept_logs(chatter: io.StringIO):
 
 def _export(module: torch.nn.Module, example_inputs: tuple, dynamic_shapes: Any,
             captured: list[CapturedLaunch], deferred: bool):
+    """torch.export with the launches recorded; ``int()`` of a tensor value stays a size
+    (:func:`.data_values.symbolic_int`), and where the model's module cannot take that ``int``
+    (``dtype=int``, ``type(x) is int``) the trace runs again with Python's own."""
+    data_log = getattr(captured, "data_log", [])
+    if not data_values.int_reads(data_log):
+        return _export_once(module, example_inputs, dynamic_shapes, captured, deferred, [])
+    try:
+        return _export_once(module, example_inputs, dynamic_shapes, captured, deferred, data_log)
+    except KernelLensError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the plain int's trace says what is wrong, if anything
+        result = _export_once(module, example_inputs, dynamic_shapes, captured, deferred, [])
+        log.info("int() of tensor values kept as Python's (the trace with sizes failed: %s)",
+                 _first_line(exc))
+        return result
+
+
+def _export_once(module: torch.nn.Module, example_inputs: tuple, dynamic_shapes: Any,
+                 captured: list[CapturedLaunch], deferred: bool, int_log: list):
     tracer = _Tracer(captured)
     # torch.export prints the whole graph to stderr when it fails; keep it for --debug / logging.
     chatter = io.StringIO()
@@ -453,7 +472,8 @@ def _export(module: torch.nn.Module, example_inputs: tuple, dynamic_shapes: Any,
     try:
         with _tracing(tracer), contextlib.redirect_stderr(chatter), _kept_logs(chatter), \
                 torch.compiler.set_stance("force_eager"), \
-                data_values.symbolic_int(getattr(captured, "data_log", [])), data_values.replaying(getattr(captured, "data_log", []), tracer.replay), \
+                data_values.symbolic_int(int_log), \
+                data_values.replaying(getattr(captured, "data_log", []), tracer.replay), \
                 _patched(env, "produce_guards_verbose", _recording_violations(env.produce_guards_verbose)):
             program = torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic_shapes,
                                           strict=False,
