@@ -523,3 +523,13 @@ def test_a_module_using_int_as_a_dtype_is_traced_with_pythons_int():
     assert [ch.cond for ch in c.ir.checks] == [f"Eq({next(iter(c.ir.runtime_symbols))}, 12)"]
     with pytest.raises(UntracedBranchError, match=line_of("INT-DTYPE")):  # pinned: refused
         c.run(torch.tensor([1, 1, 1]))
+
+
+def test_a_count_that_is_not_dim_0_is_read_from_its_own_dim():
+    x, keep = torch.randn(4, 32), torch.randint(0, 4, (32,))
+    model = MODELS.ColumnsKept()
+    c = kl.compile(model, (x, keep))
+    assert [s.dim for s in c.ir.runtime_symbols.values()] == [1]
+    for k in (keep, torch.full((32,), 3), torch.zeros(32, dtype=torch.long)):
+        got = c.run(x, k)
+        assert got.shape == (int((k > 1).sum()),) and torch.equal(got, eager_on_cpu(model, (x, k)))

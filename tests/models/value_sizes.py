@@ -248,3 +248,15 @@ class IntAsDtype(torch.nn.Module):
         out = torch.empty(total)
         ramp[(triton.cdiv(total, 64),)](lengths, out, total, 3.0, BLOCK=64)
         return out, steps
+
+
+class ColumnsKept(torch.nn.Module):
+    """A boolean index on dim 1: the count is the result's dim 1."""
+
+    def forward(self, x, keep):
+        kept = x[:, keep > 1]
+        picked = kept.sum(0)
+        out = torch.empty(kept.shape[1])  # the graph computes the count here
+        n = picked.numel()
+        add_scalar[(triton.cdiv(n, 64),)](picked, out, n, 2, BLOCK=64)
+        return out
