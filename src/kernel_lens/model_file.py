@@ -52,6 +52,21 @@ def _module_name(path: Path) -> str:
     return f"_kernel_lens_model_{safe}_{digest}"
 
 
+def _value(module: Any, name: str, path: Path) -> Any:
+    """The module's ``name`` (None if absent), called when it is a function; an exception it
+    raises is a ModelFileError naming it."""
+    value = getattr(module, name, None)
+    if not callable(value):
+        return value
+    try:
+        return value()
+    except KernelLensError:
+        raise
+    except Exception as exc:
+        raise ModelFileError(f"{path}: {name}() raised {type(exc).__name__}: {exc}; "
+                             f"fix the model file") from exc
+
+
 def load_model_file(path: str | Path) -> ModelFile:
     """Import ``path`` as a module and read its contract.
 
@@ -81,25 +96,9 @@ def load_model_file(path: str | Path) -> ModelFile:
     if missing:
         raise ModelFileError(f"{path} must define {' and '.join(missing)} (a module or callable "
                               f"and a tuple of example tensors); see examples/")
-    inputs = module.example_inputs
-    if callable(inputs):
-        try:
-            inputs = inputs()
-        except KernelLensError:
-            raise
-        except Exception as exc:
-            raise ModelFileError(f"{path}: example_inputs() raised {type(exc).__name__}: {exc}; "
-                                 f"fix the model file") from exc
+    inputs = _value(module, "example_inputs", path)
     if not isinstance(inputs, (tuple, list)):
         inputs = (inputs,)
-    extra = getattr(module, "extra_examples", None)
-    if callable(extra):
-        try:
-            extra = extra()
-        except KernelLensError:
-            raise
-        except Exception as exc:
-            raise ModelFileError(f"{path}: extra_examples() raised {type(exc).__name__}: {exc}; "
-                                 f"fix the model file") from exc
+    extra = _value(module, "extra_examples", path)
     return ModelFile(path, module.model, tuple(inputs), getattr(module, "dynamic_shapes", None),
                      getattr(module, "roles", None), getattr(module, "autotune", None), extra)

@@ -29,19 +29,14 @@ from onnx import TensorProto, helper
 
 from ..ir import GraphIR
 from .context import CHECK_OP, DOMAIN
-from .pieces import branch_body, common_info, model_like, rank_only
+from .pieces import common_info, model_like, part_bodies, rank_only
 
 
 def combine_branches(ir: GraphIR, models: list[onnx.ModelProto]) -> onnx.ModelProto:
     """The model trying ``models`` (branch ``k`` lowered alone) in order."""
     inputs = set(ir.inputs)
-    outputs = [f"output_{i}" for i in range(len(ir.outputs))]
-    mutated = sorted({o.name for m in models for o in m.graph.output if o.name.startswith("mutated_")},
-                     key=lambda n: ir.inputs.index(n.removeprefix("mutated_")))
+    outputs, mutated, shared, bodies = part_bodies(ir, models, tag="b")
     final = outputs + mutated
-    shared: dict[str, onnx.TensorProto] = {}
-    bodies = [branch_body(model.graph, k, inputs, outputs, mutated, shared, tag="b")
-              for k, model in enumerate(models)]
     initializers = list(shared.values())
     for body in bodies:  # a branch's own weights: prefixed, so unique at the top level
         initializers.extend(body.initializer)

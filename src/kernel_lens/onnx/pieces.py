@@ -42,14 +42,8 @@ def combine_pieces(ir: GraphIR, models: list[onnx.ModelProto],
                    sizes: LoweringContext) -> onnx.ModelProto:
     """The model choosing between ``models`` (piece ``k`` lowered alone) by the pieces' sizes.
     ``sizes`` is a lowering of ``ir`` (the top level) that computes symbolic sizes."""
-    inputs = set(ir.inputs)
-    outputs = [f"output_{i}" for i in range(len(ir.outputs))]
-    mutated = sorted({o.name for m in models for o in m.graph.output if o.name.startswith("mutated_")},
-                     key=lambda n: ir.inputs.index(n.removeprefix("mutated_")))
+    outputs, mutated, shared, branches = part_bodies(ir, models)
     final = outputs + mutated
-    shared: dict[str, onnx.TensorProto] = {}
-    branches = [branch_body(model.graph, k, inputs, outputs, mutated, shared)
-                for k, model in enumerate(models)]
     nodes: list = []
     conditions = [_condition(ir, piece.when, nodes, k) for k, piece in enumerate(ir.pieces[:-1])]
     matched = conditions[0]
@@ -87,14 +81,8 @@ def chain_pieces(ir: GraphIR, models: list[onnx.ModelProto]) -> onnx.ModelProto:
     branch of ``If(c_k)``, the next piece's ``If`` its ``else``; the last piece runs where no
     other matched. Nested ``If``s: ONNX Runtime runs them; TensorRT targets refuse models that
     read values before lowering."""
-    inputs = set(ir.inputs)
-    outputs = [f"output_{i}" for i in range(len(ir.outputs))]
-    mutated = sorted({o.name for m in models for o in m.graph.output if o.name.startswith("mutated_")},
-                     key=lambda n: ir.inputs.index(n.removeprefix("mutated_")))
+    outputs, mutated, shared, bodies = part_bodies(ir, models)
     final = outputs + mutated
-    shared: dict[str, onnx.TensorProto] = {}
-    bodies = [branch_body(model.graph, k, inputs, outputs, mutated, shared)
-              for k, model in enumerate(models)]
     nodes: list = []
     conditions = [_condition(ir, piece.when, nodes, k) for k, piece in enumerate(ir.pieces[:-1])]
 
@@ -204,6 +192,20 @@ def common_info(name: str, branches: list[onnx.GraphProto], index: int) -> onnx.
         if len(spellings) > 1:
             dim.Clear()
     return out
+
+
+def part_bodies(ir: GraphIR, models: list[onnx.ModelProto], tag: str = "p"
+                ) -> tuple[list[str], list[str], dict[str, onnx.TensorProto], list[onnx.GraphProto]]:
+    """Each part's graph (``models``, lowered alone) as a branch body (:func:`branch_body`):
+    the outputs every body gives (``output_<i>``, then ``mutated_<input>`` for each input some
+    part writes, in input order), the weights hoisted to the top level, and the bodies."""
+    outputs = [f"output_{i}" for i in range(len(ir.outputs))]
+    mutated = sorted({o.name for m in models for o in m.graph.output if o.name.startswith("mutated_")},
+                     key=lambda n: ir.inputs.index(n.removeprefix("mutated_")))
+    shared: dict[str, onnx.TensorProto] = {}
+    bodies = [branch_body(model.graph, k, set(ir.inputs), outputs, mutated, shared, tag)
+              for k, model in enumerate(models)]
+    return outputs, mutated, shared, bodies
 
 
 def branch_body(graph: onnx.GraphProto, k: int, inputs: set[str], outputs: list[str],
