@@ -172,13 +172,6 @@ class OrtModel:
         self.cuda_graph = self.graph_mode is not None
         self.onnx_path, self.library_path = onnx_path, library_path
         self.signature = CallSignature(ir)
-        shaped_by_values = [i for i, o in enumerate(self.signature.outputs) if o.dims is None]
-        if shaped_by_values:
-            raise KernelLensError(
-                f"{ir.name}: output {shaped_by_values[0]}'s shape depends on tensor values (a size "
-                f"computed at run time); kernel_lens's CUDA runner binds outputs by shape and does "
-                f"not run such a model yet: run its ONNX file with ONNX Runtime directly (the "
-                f"custom-op library allocates outputs), or evaluate it with CPU tensors")
         if self.cuda_graph and any(g.runtime_symbols or g.checks for g in ir.graphs()):
             raise KernelLensError(
                 f"{ir.name}: cuda_graph={cuda_graph!r}, but the model reads tensor values on the "
@@ -291,6 +284,8 @@ class OrtModel:
         with self._lock:
             if self.cuda_graph:
                 outputs = self._run_graph(tensors, shapes, out, device)
+            elif any(s is None for s in shapes):  # sizes computed from values: ORT allocates
+                outputs = self._run_allocated(tensors, shapes, device)
             else:
                 outputs = list(out) if out is not None else \
                     [torch.empty(s, dtype=o.dtype, device=device) for s, o in zip(shapes, self._outputs)]
@@ -353,6 +348,33 @@ class OrtModel:
         for m, new in zip(self._mutated, mutated):  # the model mutates these inputs: so does the
             if not m.in_place:                      # compiled model
                 tensors[m.input].copy_(new)
+
+    def _run_allocated(self, tensors, shapes, device) -> list[torch.Tensor]:
+        """A call of a model whose output shapes follow tensor values (``shapes``: None for
+        those): ORT allocates those outputs on the device (a binding of their own, made per call)
+        and each is copied into a torch tensor on the same stream before the binding goes."""
+        index = device.index
+        stream, side = self._stream(index)
+        state = self.session(index, stream)
+        mutated = [tensors[m.input] if m.in_place else torch.empty_like(tensors[m.input])
+                   for m in self._mutated]
+        outputs = [None if s is None else torch.empty(s, dtype=o.dtype, device=device)
+                   for s, o in zip(shapes, self._outputs)]
+        binding = state.session.io_binding()
+        for (is_input, name, code), t in zip(self._slots, (*tensors, *outputs, *mutated)):
+            if t is None:
+                binding.bind_output(name, "cuda", index)
+            else:
+                (binding.bind_input if is_input else binding.bind_output)(
+                    name, "cuda", index, code, tuple(t.shape), t.data_ptr())
+        self._run_ordered(side, state.session, binding, self._run_options)
+        made = binding.get_outputs()[:len(outputs)]  # in the order bound: the model's outputs first
+        outputs = [t if t is not None else _from_ort(v, o.dtype, device)
+                   for t, v, o in zip(outputs, made, self._outputs)]
+        for m, new in zip(self._mutated, mutated):
+            if not m.in_place:
+                tensors[m.input].copy_(new)
+        return outputs
 
     # --- CUDA graphs ---------------------------------------------------------------------------
     def _capture_stream(self, index: int) -> torch.cuda.Stream:
@@ -479,6 +501,24 @@ class OrtModel:
                                       f"{name} different from a plain run on the same inputs; use "
                                       f"cuda_graph='ort' or no CUDA graph")
         graph.captured = captured
+
+
+class _DeviceBytes:
+    """Device memory ONNX Runtime owns, seen by torch as bytes (``__cuda_array_interface__``)."""
+
+    def __init__(self, pointer: int, size: int) -> None:
+        self.__cuda_array_interface__ = {"shape": (size,), "typestr": "|u1", "data": (pointer, False),
+                                         "version": 2}
+
+
+def _from_ort(value, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A copy, owned by torch, of an output ONNX Runtime allocated on ``device``."""
+    shape = tuple(value.shape())
+    out = torch.empty(shape, dtype=dtype, device=device)
+    if out.numel():
+        out.view(-1).view(torch.uint8).copy_(
+            torch.as_tensor(_DeviceBytes(value.data_ptr(), out.numel() * out.element_size()), device=device))
+    return out
 
 
 def _layout(tensors: Sequence[torch.Tensor]) -> tuple:
