@@ -533,3 +533,77 @@ def test_a_count_that_is_not_dim_0_is_read_from_its_own_dim():
     for k in (keep, torch.full((32,), 3), torch.zeros(32, dtype=torch.long)):
         got = c.run(x, k)
         assert got.shape == (int((k > 1).sum()),) and torch.equal(got, eager_on_cpu(model, (x, k)))
+
+
+def test_tolist_values_are_run_time_sizes():
+    """``.tolist()`` reads memory in eager (no ATen op) and is one ``.item()`` per element under
+    torch.export: the capture records it as the trace makes it, so each element is a size."""
+    x = torch.randn(64)
+    model = MODELS.ToList()
+    c = kl.compile(model, (x, torch.tensor([3, 4, 5])))
+    assert len(c.ir.runtime_symbols) >= 3
+    for lengths in ([3, 4, 5], [0, 0, 9], [10, 1, 1], [0, 0, 0], [30, 20, 14]):
+        t = torch.tensor(lengths)
+        got = c.run(x, t)
+        assert got.shape == (sum(lengths),) and torch.equal(got, eager_on_cpu(model, (x, t)))
+    from kernel_lens.frontends.capture import data_values as dv
+    assert torch.Tensor.tolist is not dv._tolist  # torch's own again
+
+
+def test_torch_equal_is_a_checked_branch_and_extra_examples_serve_both_sides():
+    x = torch.randn(64)
+    model = MODELS.Equal()
+    same, other = (torch.tensor([1, 2]), torch.tensor([1, 2])), (torch.tensor([1, 2]), torch.tensor([1, 3]))
+    alone = kl.compile(model, (x, *same))
+    assert torch.equal(alone.run(x, *same), eager_on_cpu(model, (x, *same)))
+    with pytest.raises(UntracedBranchError, match=line_of("BRANCH-EQUAL")):
+        alone.run(x, *other)
+    both = kl.compile(model, (x, *same), extra_examples=[(x, *other)])
+    for a, b in [([1, 2], [1, 2]), ([1, 2], [2, 2]), ([5, 5], [5, 5]), ([7, 7], [7, 8])]:
+        args = (x, torch.tensor(a), torch.tensor(b))
+        assert torch.equal(both.run(*args), eager_on_cpu(model, args))
+    from kernel_lens.frontends.capture import data_values as dv
+    assert torch.equal is dv._EQUAL and torch.Tensor.equal is not dv._equal  # torch's own again
+
+
+def test_no_node_after_a_check_runs_before_the_check_holds():
+    """ONNX Runtime runs nodes in any order their inputs allow: a launch that does not read a
+    check's result ran before it on the GPU (its own range check refused it; an input written
+    in place would have been written). Everything after a check sits in the ``then`` body of an
+    ``If`` on the check's condition; the ``else`` body is the check, which fails the call."""
+    from kernel_lens.onnx.context import CHECK_OP, DOMAIN
+    from kernel_lens.onnx.lower import lower_to_onnx
+    c = kl.compile(MODELS.CheckedCount(), (torch.randn(64), torch.ones(64, dtype=torch.bool)))
+    model = lower_to_onnx(c.ir)
+    top = model.graph.node
+    assert not [n for n in top if n.domain == DOMAIN] and top[-1].op_type == "If"
+    gate = top[-1]
+    then, other = (next(a.g for a in gate.attribute if a.name == k) for k in ("then_branch", "else_branch"))
+    assert [n.op_type for n in then.node if n.domain == DOMAIN] == ["ramp"]
+    assert [n.op_type for n in other.node if n.domain == DOMAIN] == [CHECK_OP]
+    assert [o.name for o in model.graph.output] == ["output_0"]
+    onnx_checker = __import__("onnx").checker
+    onnx_checker.check_model(model, full_check=True)
+
+
+def test_a_negative_item_is_refused_before_a_branch_on_it_is_checked():
+    """The ``>= 0`` check of an .item() value comes before any condition on it, and gates it."""
+    from kernel_lens.onnx.context import CHECK_OP, DOMAIN
+    from kernel_lens.onnx.lower import lower_to_onnx
+    c = kl.compile(MODELS.NegativeItem(), (torch.randn(64), torch.tensor([5, 1])))
+    gate = lower_to_onnx(c.ir).graph.node[-1]
+    other = next(a.g for a in gate.attribute if a.name == "else_branch")
+    (check,) = [n for n in other.node if n.domain == DOMAIN and n.op_type == CHECK_OP]
+    assert "is negative" in next(a.s for a in check.attribute if a.name == "message").decode()
+
+
+def test_dims_of_one_name_are_one_size_and_other_ranges_are_refused():
+    from torch.export import Dim
+    x, off = torch.randn(100), torch.zeros(100, dtype=torch.bool)
+    dims = ({0: Dim("n", min=1, max=4096)}, {0: Dim("n", min=1, max=4096)})  # two objects, one name
+    c = kl.compile(MODELS.ItemBranch(), (x, off), dynamic_shapes=dims,
+                   extra_examples=[(x, ~off), (torch.randn(1), torch.ones(1, dtype=torch.bool))])
+    assert [p.when[0].ranges for p in c.ir.pieces] == [{"n": (1, 1)}, {"n": (2, 4096)}]
+    with pytest.raises(InputError, match=r"two Dims named 'n', with ranges \[1, 4096\] and \[1, 200\]"):
+        kl.compile(MODELS.ItemBranch(), (x, off),
+                   dynamic_shapes=({0: Dim("n", min=1, max=4096)}, {0: Dim("n", min=1, max=200)}))

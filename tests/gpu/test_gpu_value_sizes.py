@@ -82,6 +82,14 @@ CASES = {
                      ((X100, b(0, 1), b(0, 1)), "no traced graph serves them")),
     "writes_input_on_one_branch": ("WritesInputInOneBranch", (X100, b(0)), [(X100, b(1))], None,
                                    [(X100, b(0)), (X100, b(1))], None),
+    "writes_input_then_refused": ("WritesInputInOneBranch", (X100, b(1)), None, None, [(X100, b(1))],
+                                  ((X100, b(0)), line_of("BRANCH-WRITE"))),
+    "tolist": ("ToList", (X64, t(3, 4, 5)), None, None,
+               [(X64, t(3, 4, 5)), (X64, t(0, 0, 9)), (X64, t(10, 1, 1)), (X64, t(0, 0, 0))], None),
+    "equal": ("Equal", (X64, t(1, 2), t(1, 2)), [(X64, t(1, 2), t(1, 3))], None,
+              [(X64, t(1, 2), t(1, 2)), (X64, t(1, 2), t(2, 2)), (X64, t(7, 7), t(7, 7))], None),
+    "equal_alone": ("Equal", (X64, t(1, 2), t(1, 2)), None, None, [(X64, t(5, 5), t(5, 5))],
+                    ((X64, t(1, 2), t(1, 3)), line_of("BRANCH-EQUAL"))),
     "count_equals_total": ("CountEqualsTotal", (X100, torch.ones(100, dtype=torch.bool)), [(X100, SOME100)],
                            None, [(X100, torch.ones(100, dtype=torch.bool)), (X100, SOME100),
                                   (X100, torch.zeros(100, dtype=torch.bool))], None),
@@ -148,9 +156,12 @@ def test_value_sizes_equal_eager_on_the_gpu_and_an_untraced_branch_is_refused(ca
             assert all(_same(a, b) for a, b in zip(mine, theirs)), (case, "inputs written differently")
     if refused is not None:
         call, words = refused
+        given = _cuda(call)
+        before = [x.clone() for x in given]
         with pytest.raises(UntracedBranchError, match=words):
-            compiled.run(*_cuda(call))
+            compiled.run(*given)
             torch.cuda.synchronize()
+        assert all(_same(a, b) for a, b in zip(given, before)), (case, "a refused call wrote an input")
         again = compiled.run(*_cuda(calls[0]))  # the session still serves after a refusal
         assert _same(again, model(*_cuda(calls[0])))
     print(f"value_sizes {case}: bit-exact (max_abs_diff=0.0) over {len(calls)} calls "

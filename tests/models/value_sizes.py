@@ -29,7 +29,7 @@ class NonzeroRows(torch.nn.Module):
     def forward(self, x, mask):
         idx = mask.nonzero().squeeze(1)
         n = idx.shape[0]
-        out = torch.empty((n, x.shape[1]), dtype=x.dtype)
+        out = torch.empty((n, x.shape[1]), dtype=x.dtype, device=x.device)
         if n > 0:  # BRANCH-NONZERO
             gather_scale[(n,)](x, idx, out, D=x.shape[1])
         return out
@@ -40,7 +40,7 @@ class ItemSize(torch.nn.Module):
 
     def forward(self, lengths):
         total = lengths.sum().item()
-        out = torch.empty(total)
+        out = torch.empty(total, device=lengths.device)
         ramp[(triton.cdiv(total, 64),)](lengths, out, total, 3.0, BLOCK=64)
         return out
 
@@ -63,7 +63,7 @@ class IntSize(torch.nn.Module):
 
     def forward(self, lengths):
         total = int(lengths.sum())  # INT-SIZE
-        out = torch.empty(total)
+        out = torch.empty(total, device=lengths.device)
         ramp[(triton.cdiv(int(lengths.max().item()) + total, 64),)](lengths, out, total, 3.0, BLOCK=64)
         return out
 
@@ -74,7 +74,7 @@ class IndexSize(torch.nn.Module):
 
     def forward(self, lengths):
         total = operator.index(lengths.sum())  # PINNED
-        out = torch.empty(total)
+        out = torch.empty(total, device=lengths.device)
         ramp[(triton.cdiv(total, 64),)](lengths, out, total, 3.0, BLOCK=64)
         return out
 
@@ -244,8 +244,8 @@ class IntAsDtype(torch.nn.Module):
 
     def forward(self, lengths):
         total = int(lengths.sum())  # INT-DTYPE
-        steps = torch.arange(3, dtype=int)
-        out = torch.empty(total)
+        steps = torch.arange(3, dtype=int, device=lengths.device)
+        out = torch.empty(total, device=lengths.device)
         ramp[(triton.cdiv(total, 64),)](lengths, out, total, 3.0, BLOCK=64)
         return out, steps
 
@@ -256,7 +256,32 @@ class ColumnsKept(torch.nn.Module):
     def forward(self, x, keep):
         kept = x[:, keep > 1]
         picked = kept.sum(0)
-        out = torch.empty(kept.shape[1])  # the graph computes the count here
+        out = torch.empty(kept.shape[1], device=x.device)  # the graph computes the count here
         n = picked.numel()
         add_scalar[(triton.cdiv(n, 64),)](picked, out, n, 2, BLOCK=64)
+        return out
+
+
+class ToList(torch.nn.Module):
+    """Chunk indices from ``.tolist()`` (as varlen library code makes them): one arange per
+    length, their total the kernel's size."""
+
+    def forward(self, x, lengths):
+        idx = torch.cat([torch.arange(n, device=x.device) for n in lengths.tolist()])  # TOLIST
+        total = idx.shape[0]
+        out = torch.empty(total, device=x.device)
+        ramp[(triton.cdiv(total, 64),)](x, out, total, 3.0, BLOCK=64)
+        return out + idx
+
+
+class Equal(torch.nn.Module):
+    """``torch.equal`` chooses the constant the kernel adds."""
+
+    def forward(self, x, a, b):
+        out = torch.empty_like(x)
+        n = x.numel()
+        if torch.equal(a, b):  # BRANCH-EQUAL
+            ramp[(triton.cdiv(n, 64),)](x, out, n, 1.0, BLOCK=64)
+        else:
+            ramp[(triton.cdiv(n, 64),)](x, out, n, 2.0, BLOCK=64)
         return out

@@ -36,7 +36,7 @@ from .trace.decompose import decompose, needs_decomposition, tensor_args
 from . import arguments
 from . import value_branches
 from .trace import size_functions, size_pieces
-from .trace.shapes_check import check_dynamic_shapes, check_forward_takes
+from .trace.shapes_check import check_dynamic_shapes, check_forward_takes, one_dim_per_name
 from .source import describe_kernel
 from .trace.export import LAUNCH_OP, TracedLaunch, is_user_file, located, trace
 
@@ -847,6 +847,7 @@ def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes:
         dynamic_shapes = auto_dynamic_shapes(example_inputs)
     else:
         check_dynamic_shapes(model, example_inputs, dynamic_shapes)  # before any work
+        dynamic_shapes = one_dim_per_name(dynamic_shapes)
     archs = check_archs(default_arch() if arch is None else arch)
     roles = check_roles(roles)
     if not callable(model):

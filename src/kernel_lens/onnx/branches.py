@@ -53,6 +53,37 @@ def combine_branches(ir: GraphIR, models: list[onnx.ModelProto]) -> onnx.ModelPr
     return model_like(graph, models)
 
 
+def gate_checks(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` (one graph whose run-time checks fail the call) with every node after a check
+    run only once the check has held (:meth:`_Builder.gated`): ONNX Runtime would otherwise run
+    a launch that does not read a check's result before the check, or beside it."""
+    graph = model.graph
+    if not any(_is_check(n) for n in graph.node):
+        return model
+    made = {o for n in graph.node for o in n.output}
+    outs = [o.name for o in graph.output if o.name in made]  # not a weight given as an output
+    inner = {o: f"gated.{o}" for o in outs}  # the graph's outputs, made inside the If bodies
+    nodes = []
+    for node in graph.node:
+        node = onnx.NodeProto()
+        node.CopyFrom(graph.node[len(nodes)])
+        node.input[:] = [inner.get(x, x) for x in node.input]
+        node.output[:] = [inner.get(x, x) for x in node.output]
+        nodes.append(node)
+    infos = {v.name: v for v in [*graph.input, *graph.value_info]}
+    infos.update({inner[o.name]: rank_only(o, inner[o.name]) for o in graph.output if o.name in inner})
+    builder = _Builder(infos)
+    nodes = builder.gated(nodes, list(inner.values()), outs, "graph")
+    gated = helper.make_graph(nodes, graph.name, list(graph.input), list(graph.output),
+                              initializer=list(graph.initializer),
+                              value_info=[v for v in builder.top_infos(nodes) if v.name not in outs],
+                              doc_string=graph.doc_string)
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    out.graph.CopyFrom(gated)
+    return out
+
+
 def _is_check(node: onnx.NodeProto) -> bool:
     return node.domain == DOMAIN and node.op_type == CHECK_OP
 
@@ -101,14 +132,48 @@ class _Builder:
         for name, out in zip(results, outs):
             self.info(name, out)
         if k == len(bodies) - 1:  # the last: its checks fail the call
-            return list(body.node) + [helper.make_node("Identity", [out], [name], name=f"{name}.from_b{k}")
-                                      for out, name in zip(outs, results)]
+            return self.gated(list(body.node), outs, results, f"b{k}")
         nodes, tried, held = self.attempt(list(body.node), outs, k)
         then = self.graph([], tried, f"b{k}_serves")
         other = [self.fresh(f"b{k + 1}.result") for _ in results]
         other_graph = self.graph(self.chain(bodies, k + 1, other), other, f"b{k + 1}_tried")
         return nodes + [helper.make_node("If", [held], results, name=self.fresh(f"b{k}.choose"),
                                          then_branch=then, else_branch=other_graph)]
+
+    def gated(self, nodes: list, outs: list[str], results: list[str], tag: str) -> list:
+        """Nodes giving ``results`` (``outs`` of ``nodes``) where every check holds, the call
+        failing at the first that does not: what its condition needs, then ``If(condition)``:
+        ``then`` the rest (its next check the same way), ``else`` the check itself, which fails
+        the call (the branch's empty outputs are made from the check's result, so that ONNX
+        Runtime runs it). No node after a check runs before the check has held: a launch never
+        sees sizes a check excludes, nor writes an input first."""
+        check = next((n for n in nodes if _is_check(n)), None)
+        if check is None:
+            return nodes + [helper.make_node("Identity", [out], [name], name=self.fresh(f"{tag}.result"))
+                            for out, name in zip(outs, results)]
+        needed = _ancestors(nodes, check.input[0])
+        before = [n for n in nodes if id(n) in needed]
+        rest = [n for n in nodes if id(n) not in needed and n is not check]
+        inner = [self.fresh(f"{tag}.checked") for _ in outs]
+        for name, out in zip(inner, outs):
+            self.info(name, out)
+        then = self.graph(self.gated(rest, outs, inner, tag), inner, f"{tag}_checked")
+        refused = [check]
+        names = []
+        for out in outs:
+            info = self.infos[out].type.tensor_type
+            rank = len(info.shape.dim) if info.HasField("shape") else 1
+            name, cast, shape = (self.fresh(f"{tag}.refused") for _ in range(3))
+            refused += [helper.make_node("Cast", [check.output[0]], [cast], name=cast, to=info.elem_type),
+                        _constant(shape, TensorProto.INT64, [rank], [0] * rank),
+                        helper.make_node("Reshape", [cast, shape], [name], name=name, allowzero=1)]
+            self.info(name, out)
+            names.append(name)
+        other = self.graph(refused, names, f"{tag}_refused")
+        for name, out in zip(results, outs):
+            self.info(name, out)
+        return before + [helper.make_node("If", [check.input[0]], results, name=self.fresh(f"{tag}.check"),
+                                          then_branch=then, else_branch=other)]
 
     def attempt(self, nodes: list, outs: list[str], k: int) -> tuple[list, list[str], str]:
         """(nodes, their output names, flag name): ``nodes`` up to the first check, then an ``If``
@@ -178,4 +243,4 @@ def _constant(name: str, elem: int, dims: list[int], vals: list) -> onnx.NodePro
                             value=helper.make_tensor(name, elem, dims, vals))
 
 
-__all__ = ["combine_branches"]
+__all__ = ["combine_branches", "gate_checks"]

@@ -75,7 +75,7 @@ from .context import CHECK_OP, CHECK_OUTPUT, DOMAIN, DOMAIN_VERSION, onnx_dtype,
 from .graph_builder import GraphBuilder
 from .graph_passes import GraphPassManager
 from .memory import MemoryModel
-from .branches import combine_branches
+from .branches import combine_branches, gate_checks
 from .pieces import chain_pieces, combine_pieces
 from .external_data import check_locations, tensors
 
@@ -521,8 +521,8 @@ def supported(op_name: str, opset: int = MIN_OPSET) -> bool:
     return op_name in aten.TRANSLATIONS or torchlib.translatable(op_name, opset)
 
 
-def lower_to_onnx(ir: GraphIR, *, opset: int = MIN_OPSET,
-                  mutated_inputs: bool = True, launch_offset: int = 0) -> onnx.ModelProto:
+def lower_to_onnx(ir: GraphIR, *, opset: int = MIN_OPSET, mutated_inputs: bool = True,
+                  launch_offset: int = 0, gate: bool = True) -> onnx.ModelProto:
     """Lower ``ir`` to an ONNX model (see the module docstring for the contract).
 
     ``mutated_inputs``: also output ``mutated_<input>`` for each graph input the model writes
@@ -531,17 +531,20 @@ def lower_to_onnx(ir: GraphIR, *, opset: int = MIN_OPSET,
     (:mod:`kernel_lens.onnx.pieces`); one traced from several examples (``ir.branches``) tries
     its branches in order with ``If`` (:mod:`kernel_lens.onnx.branches`); a piece may have
     branches. Launch ``i`` (of :meth:`GraphIR.graphs`, in order) has attribute
-    ``launch = launch_offset + i``.
+    ``launch = launch_offset + i``. A graph's run-time checks gate what follows them
+    (:func:`~kernel_lens.onnx.branches.gate_checks`; ``gate=False``: a value branch, whose checks
+    :func:`combine_branches` turns into attempts).
     """
     if not ir.parts():
-        return lower_graph(ir, opset=opset, mutated_inputs=mutated_inputs,
-                           launch_offset=launch_offset, graph_passes=ir.graph_passes)
+        model = lower_graph(ir, opset=opset, mutated_inputs=mutated_inputs,
+                            launch_offset=launch_offset, graph_passes=ir.graph_passes)
+        return gate_checks(model) if gate else model
     models, offset = [], launch_offset
     for part in ir.parts():  # weights the parts share are kept once, at the top level
         graph = part.graph.model_copy(update={"constants": {**ir.constants, **part.graph.constants},
                                               "graph_passes": ir.graph_passes})
         models.append(lower_to_onnx(graph, opset=opset, mutated_inputs=mutated_inputs,
-                                    launch_offset=offset))
+                                    launch_offset=offset, gate=not ir.branches))
         offset += sum(len(g.launches) for g in part.graph.graphs())
     if ir.branches:
         model = combine_branches(ir, models)

@@ -65,9 +65,41 @@ class _Recorder(TorchDispatchMode):
 @contextlib.contextmanager
 def recording(log: list) -> Iterator[None]:
     """The eager capture's side: ``log`` gets (op, result summary, model line) for every
-    data-dependent op the forward runs."""
-    with _Recorder(log):
+    data-dependent op the forward runs (:func:`value_reads` as the trace has them)."""
+    with value_reads(), _Recorder(log):
         yield
+
+
+def _tolist(self: torch.Tensor) -> Any:
+    """``Tensor.tolist`` as torch.export's fake tensors run it (one ``.item()`` per element)."""
+    if self.dim() == 0:
+        return self.item()
+    return [elem.tolist() if elem.dim() else elem.item() for elem in self]
+
+
+def _equal(self: torch.Tensor, other: torch.Tensor) -> bool:
+    """``torch.equal``: the same shape and every element equal (after type promotion, NaN never
+    equal), one ``.item()`` of a bool: a branch on it is checked at run time."""
+    if not isinstance(other, torch.Tensor):
+        return _EQUAL(self, other)  # torch's own error
+    return tuple(self.shape) == tuple(other.shape) and bool(torch.eq(self, other).all().item())
+
+
+_EQUAL = torch.equal
+
+
+@contextlib.contextmanager
+def value_reads() -> Iterator[None]:
+    """Tensor methods that read values without an ATen op the trace can follow, written with
+    ``.item()`` for the eager capture and the trace alike: ``Tensor.tolist`` (fake tensors make
+    it one ``.item()`` per element in order; eager reads memory) and ``torch.equal`` (an op whose
+    bool torch.export cannot trace)."""
+    saved = torch.Tensor.tolist, torch.Tensor.equal, torch.equal
+    torch.Tensor.tolist, torch.Tensor.equal, torch.equal = _tolist, _equal, _equal
+    try:
+        yield
+    finally:
+        torch.Tensor.tolist, torch.Tensor.equal, torch.equal = saved
 
 
 # Python's own library (contextlib, functools) is never the model's line (mutmut's trampolines
@@ -210,7 +242,8 @@ def replaying(log: list, replay: Replay) -> Iterator[None]:
     fake_tensor.FakeTensorMode._dispatch_impl = dispatch
     ShapeEnv.guard_or_defer_runtime_assert = guard_or_defer
     try:
-        yield
+        with value_reads():
+            yield
     finally:
         fake_tensor.FakeTensorMode._dispatch_impl = impl
         ShapeEnv.guard_or_defer_runtime_assert = defer

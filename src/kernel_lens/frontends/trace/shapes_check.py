@@ -126,3 +126,31 @@ def check_dynamic_shapes(model: Callable, example_inputs: tuple, dynamic_shapes:
     for (name, tensor), spec in zip(pairs, specs):
         if isinstance(tensor, torch.Tensor):
             _check_tensor(name, tensor, spec)
+
+
+def one_dim_per_name(dynamic_shapes: Any) -> Any:
+    """``dynamic_shapes`` with every ``Dim`` of a name replaced by the first one of that name
+    (torch.export takes Dims of one name for one size; kernel_lens's size pieces follow each Dim
+    object, and two objects of one name would be split as two sizes). Dims of one name with
+    other ranges are refused, naming both."""
+    from torch.export.dynamic_shapes import Dim, _DerivedDim
+    first: dict[str, Any] = {}
+
+    def same(entry: Any) -> Any:
+        if isinstance(entry, dict):
+            return {k: same(v) for k, v in entry.items()}
+        if isinstance(entry, (tuple, list)):
+            return type(entry)(same(v) for v in entry)
+        if isinstance(entry, _DerivedDim):
+            root = same(entry.root)
+            return entry if root is entry.root else _DerivedDim(entry.__name__, root, entry.fn)
+        if isinstance(entry, Dim) and type(entry).__name__ != "_StaticDim":
+            kept = first.setdefault(entry.__name__, entry)
+            if (kept.min, kept.max) != (entry.min, entry.max):
+                raise InputError(f"dynamic_shapes has two Dims named {entry.__name__!r}, with ranges "
+                                 f"[{kept.min}, {kept.max}] and [{entry.min}, {entry.max}]; one name "
+                                 f"is one size: give them one range (one Dim object) or other names")
+            return kept
+        return entry
+    return same(dynamic_shapes)
+
