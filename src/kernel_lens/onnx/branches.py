@@ -158,14 +158,20 @@ class _Builder:
         for name, out in zip(inner, outs):
             self.info(name, out)
         then = self.graph(self.gated(rest, outs, inner, tag), inner, f"{tag}_checked")
-        refused = [check]
+        # The refused body's outputs are made from the check's (never-read, empty) result, so
+        # that nothing knows their shapes before the check has run: ONNX Runtime's If fixes an
+        # output whose shape it can infer before running the body, and would refuse the call
+        # there, on a shape, before the check could say why.
+        none = self.fresh(f"{tag}.none")
+        refused = [check, helper.make_node("Shape", [check.output[0]], [none], name=none)]
         names = []
         for out in outs:
             info = self.infos[out].type.tensor_type
             rank = len(info.shape.dim) if info.HasField("shape") else 1
-            name, cast, shape = (self.fresh(f"{tag}.refused") for _ in range(3))
+            name, cast, shape, repeats = (self.fresh(f"{tag}.refused") for _ in range(4))
             refused += [helper.make_node("Cast", [check.output[0]], [cast], name=cast, to=info.elem_type),
-                        _constant(shape, TensorProto.INT64, [rank], [0] * rank),
+                        _constant(repeats, TensorProto.INT64, [1], [rank]),
+                        helper.make_node("Tile", [none, repeats], [shape], name=shape),
                         helper.make_node("Reshape", [cast, shape], [name], name=name, allowzero=1)]
             self.info(name, out)
             names.append(name)
