@@ -14,6 +14,7 @@ import inspect
 from typing import Any, Callable
 
 import torch
+from torch.export.dynamic_shapes import Dim, _DerivedDim
 
 from ...errors import InputError
 
@@ -133,7 +134,6 @@ def one_dim_per_name(dynamic_shapes: Any) -> Any:
     (torch.export takes Dims of one name for one size; kernel_lens's size pieces follow each Dim
     object, and two objects of one name would be split as two sizes). Dims of one name with
     other ranges are refused, naming both."""
-    from torch.export.dynamic_shapes import Dim, _DerivedDim
     first: dict[str, Any] = {}
 
     def same(entry: Any) -> Any:
