@@ -607,3 +607,24 @@ def test_dims_of_one_name_are_one_size_and_other_ranges_are_refused():
     with pytest.raises(InputError, match=r"two Dims named 'n', with ranges \[1, 4096\] and \[1, 200\]"):
         kl.compile(MODELS.ItemBranch(), (x, off),
                    dynamic_shapes=({0: Dim("n", min=1, max=4096)}, {0: Dim("n", min=1, max=200)}))
+
+
+def test_a_constexpr_from_a_value_serves_the_step_of_the_example_and_refuses_others():
+    """``BLOCK = next_power_of_2(max_len)`` of an .item(): the example's binary, the value
+    checked to lie in its step ([17, 32] for 28) at run time; extra_examples add other steps."""
+    x = torch.randn(40)
+    model = MODELS.LongestSegmentBlock()
+    c = kl.compile(model, (x, torch.tensor([0, 5, 12, 40])))
+    (name, _), = c.ir.runtime_symbols.items()
+    assert sorted(ch.cond for ch in c.ir.checks) == sorted([f"{name} >= 17", f"{name} <= 32"])
+    for cu in ([0, 5, 12, 40], [0, 17, 40, 40], [0, 32, 33, 40], [0, 8, 25, 40]):
+        t = torch.tensor(cu)
+        assert torch.equal(c.run(x, t), eager_on_cpu(model, (x, t)))
+    for cu in ([0, 1, 2, 3], [0, 40, 40, 40], [0, 16, 32, 40]):  # 1, 40 and 16: other binaries
+        with pytest.raises(UntracedBranchError, match=line_of("BLOCK-FROM-VALUE") + r".*u0 in \[17, 32\]"):
+            c.run(x, torch.tensor(cu))
+    more = kl.compile(model, (x, torch.tensor([0, 5, 12, 40])), extra_examples=[(x, torch.tensor([0, 1, 2, 3]))])
+    assert len(more.ir.branches) == 2
+    for cu in ([0, 1, 2, 3], [0, 5, 12, 40], [0, 0, 1, 2]):
+        t = torch.tensor(cu)
+        assert torch.equal(more.run(x, t), eager_on_cpu(model, (x, t)))

@@ -285,3 +285,23 @@ class Equal(torch.nn.Module):
         else:
             ramp[(triton.cdiv(n, 64),)](x, out, n, 2.0, BLOCK=64)
         return out
+
+
+@triton.jit
+def segment_sums(x_ptr, cu_ptr, out_ptr, BLOCK: tl.constexpr):
+    i = tl.program_id(0)
+    bos = tl.load(cu_ptr + i)
+    eos = tl.load(cu_ptr + i + 1)
+    o = tl.arange(0, BLOCK)
+    tl.store(out_ptr + i, tl.sum(tl.load(x_ptr + bos + o, mask=o < eos - bos, other=0.0)))
+
+
+class LongestSegmentBlock(torch.nn.Module):
+    """Varlen library style: the block size is the longest segment's, rounded up to a power
+    of two (a constexpr computed from a tensor value)."""
+
+    def forward(self, x, cu):
+        max_len = (cu[1:] - cu[:-1]).max().item()
+        out = torch.empty(cu.shape[0] - 1, device=x.device)
+        segment_sums[(cu.shape[0] - 1,)](x, cu, out, BLOCK=triton.next_power_of_2(max_len))  # BLOCK-FROM-VALUE
+        return out

@@ -119,9 +119,36 @@ _DRIVERS = (os.path.join(os.path.dirname(os.path.dirname(__file__)), "trace", "e
             os.path.join(os.path.dirname(__file__), "recorder.py"))
 
 
+_SITE: list[str] = []  # where the asserts made now stand for (set by :func:`asserting_for`)
+
+
+@contextlib.contextmanager
+def asserting_for(where: str) -> Iterator[None]:
+    """Asserts made inside name ``where`` (kernel_lens's own asserts on the model's behalf)."""
+    _SITE.append(where)
+    try:
+        yield
+    finally:
+        _SITE.pop()
+
+
+def model_line(frame: Any) -> str:
+    """``file:line: code`` of the innermost frame of the model's code from ``frame`` outwards,
+    through kernel_lens's own frames (a launch's site); empty when there is none."""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if users_file(name) and not _not_model(name) and "/torch/" not in name and name not in _DRIVERS:
+            code = linecache.getline(name, frame.f_lineno).strip()
+            return f"{name}:{frame.f_lineno}" + (f": {code[:120]}" if code else "")
+        frame = frame.f_back
+    return ""
+
+
 def _where() -> str:
     """``file:line: code`` of the innermost frame of the model's own code (or a library's);
     empty outside the forward."""
+    if _SITE:
+        return _SITE[-1]
     frame = sys._getframe(1)
     while frame is not None:
         name = frame.f_code.co_filename

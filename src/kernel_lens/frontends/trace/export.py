@@ -16,6 +16,7 @@ import itertools
 import logging
 import os
 import re
+import sys
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, List
@@ -23,6 +24,7 @@ from typing import Any, Callable, Iterator, List
 import sympy
 import torch
 from torch.fx.experimental import symbolic_shapes
+from torch.utils._sympy.numbers import int_oo
 
 from ..._gc import paused_then_frozen
 from ...errors import (DynamicConstexprError, KernelLensError, SizeBranchError, SymbolicError, TraceError,
@@ -130,6 +132,7 @@ class _Tracer:
                     guards[p.name] = value
                     continue
                 if isinstance(value, torch.SymInt):
+                    _pin_to_value_step(kernel, p.name, value, captured.params[p.name])
                     values = _constexpr_values(kernel, p.name, value, captured.params[p.name])
                     if len(values) > 1:  # one binary per value, chosen at run time
                         guards[p.name], domains[p.name] = value, values
@@ -184,6 +187,47 @@ class _Tracer:
 
 
 MAX_CONSTEXPR_VALUES = 64  # binaries one constexpr computed from sizes may need
+
+
+def _finite(bound: Any) -> bool:
+    return bound not in (int_oo, -int_oo) and bool(getattr(bound, "is_finite", False))
+
+
+def _pin_to_value_step(kernel: str, name: str, value: Any, captured: Any) -> None:
+    """A constexpr computed from one size that comes from tensor values (``BLOCK =
+    triton.next_power_of_2(max_len)`` of an ``.item()``), which has no range to enumerate
+    binaries over: the binary is the example's, and the size is checked at run time to lie in
+    the step of its range where the constexpr keeps the example's value (``u0`` in [33, 64] for
+    64); a call outside is refused, naming the launch's line (``extra_examples`` with other
+    values trace other steps)."""
+    env = value.node.shape_env
+    expr = env.replace(value.node.expr)
+    free = list(expr.free_symbols)
+    if len(free) != 1 or not free[0].name.startswith("u") or not isinstance(captured, int):
+        return
+    u = free[0]
+    known = env.var_to_range.get(u)
+    if known is not None and _finite(known.upper):
+        return  # a range the model's code bounds: enumerated as for any size
+    example = getattr(env, "real_tensor_prop_unbacked_vals", {}).get(u)
+    if example is None:
+        return
+    example = int(example)
+    lo = int(known.lower) if known is not None and _finite(known.lower) else min(example, 0)
+    step = (example, example)
+    try:  # the step holding the example, exact over a window around it (its ends checked)
+        window = {**env.var_to_range, u: symbolic_shapes.ValueRanges(lo, max(4 * example, example + 1024))}
+        step = next((a, b) for v, a, b in size_functions.pieces(expr, window, MAX_CONSTEXPR_VALUES)
+                    if a <= example <= b and v == captured)
+    except (SymbolicError, StopIteration):
+        pass  # one value: the example's own
+    site = data_values.model_line(sys._getframe(2))
+    why = (f"{site} (kernel {kernel}: constexpr {name!r} = {captured} is computed from a tensor "
+           f"value, {u} = {example}; the binary serves {u} in [{step[0]}, {step[1]}]: give "
+           f"extra_examples with other values)")
+    with data_values.asserting_for(why):
+        torch._check(value.node.shape_env.create_symintnode(u, hint=example) >= step[0])
+        torch._check(value.node.shape_env.create_symintnode(u, hint=example) <= step[1])
 
 
 def _constexpr_values(kernel: str, name: str, value: Any, captured: Any) -> list[int]:
