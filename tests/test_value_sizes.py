@@ -582,6 +582,14 @@ def test_no_node_after_a_check_runs_before_the_check_holds():
     assert [n.op_type for n in then.node if n.domain == DOMAIN] == ["ramp"]
     assert [n.op_type for n in other.node if n.domain == DOMAIN] == [CHECK_OP]
     assert [o.name for o in model.graph.output] == ["output_0"]
+    # the refused body's outputs get their shape from the check's result (ORT's If fixes an
+    # output whose shape it can infer before running the body, against the bound output)
+    check = next(n for n in other.node if n.domain == DOMAIN)
+    made = {o: n for n in other.node for o in n.output}
+    for out in other.output:
+        reshape = made[out.name]
+        assert reshape.op_type == "Reshape" and made[reshape.input[1]].op_type == "Tile"
+        assert made[made[reshape.input[1]].input[0]].input == [check.output[0]]
     onnx_checker = __import__("onnx").checker
     onnx_checker.check_model(model, full_check=True)
 
