@@ -636,3 +636,23 @@ def test_a_constexpr_from_a_value_serves_the_step_of_the_example_and_refuses_oth
     for cu in ([0, 1, 2, 3], [0, 5, 12, 40], [0, 0, 1, 2]):
         t = torch.tensor(cu)
         assert torch.equal(more.run(x, t), eager_on_cpu(model, (x, t)))
+
+
+def test_slices_with_bounds_from_values_get_their_lengths_from_the_ops_meta_function():
+    """``x[a:b]`` with ``a, b`` from ``.tolist()``: torch names the clamped length with a new
+    size that follows from the values; the slice's own meta function at the example's values
+    gives it (the sums are ONNX's ReduceSum: float noise, not bits)."""
+    x = torch.randn(40)
+    model = MODELS.SegmentSums()
+    c = kl.compile(model, (x, torch.tensor([0, 5, 12, 40])))
+    for cu in ([0, 5, 12, 40], [0, 20, 20, 40], [0, 1, 39, 40], [0, 0, 0, 40]):
+        t = torch.tensor(cu)
+        got, want = c.run(x, t), eager_on_cpu(model, (x, t))
+        assert got.shape == want.shape and torch.allclose(got, want, rtol=1e-6, atol=1e-6), (cu, got, want)
+
+
+def test_a_kernel_given_a_slice_at_an_offset_from_values_is_refused_in_one_line():
+    from kernel_lens.errors import TraceError
+    with pytest.raises(TraceError, match="not a dimension of any graph input") as info:
+        kl.compile(MODELS.SegmentLaunches(), (torch.randn(40), torch.tensor([0, 5, 12, 40])))
+    assert line_of("SLICE-LAUNCH") in str(info.value) and "\n" not in str(info.value)

@@ -305,3 +305,26 @@ class LongestSegmentBlock(torch.nn.Module):
         out = torch.empty(cu.shape[0] - 1, device=x.device)
         segment_sums[(cu.shape[0] - 1,)](x, cu, out, BLOCK=triton.next_power_of_2(max_len))  # BLOCK-FROM-VALUE
         return out
+
+
+class SegmentSums(torch.nn.Module):
+    """Per-segment sums over slices whose bounds come from ``.tolist()`` (torch names the slice
+    lengths and offsets with new sizes), then a kernel."""
+
+    def forward(self, x, cu):
+        bounds = cu.tolist()
+        sums = torch.stack([x[a:b].sum() for a, b in zip(bounds[:-1], bounds[1:])])
+        out = torch.empty_like(sums)
+        ramp[(1,)](sums, out, sums.numel(), 0.0, BLOCK=16)
+        return out + sums
+
+
+class SegmentLaunches(torch.nn.Module):
+    """One launch per segment on a slice whose bounds come from ``.tolist()``."""
+
+    def forward(self, x, cu):
+        out = torch.zeros_like(x)
+        bounds = cu.tolist()
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            ramp[(triton.cdiv(b - a, 16),)](x[a:b], out[a:b], b - a, 1.0, BLOCK=16)  # SLICE-LAUNCH
+        return out

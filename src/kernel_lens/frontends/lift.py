@@ -571,6 +571,8 @@ class _GraphBuilder:
                     and isinstance(node.args[0].meta.get("val"), torch.Tensor):
                 self._item_symbol(sym, order, node.args[0], example, where)
                 order += 1
+            elif not items and path == (CallMethodKey("storage_offset"),):
+                continue  # a view's offset: ONNX copies views; anything reading it is refused unnamed
             else:
                 raise UnsupportedKernelError(
                     f"torch computes the size {sym} from tensor values at {where or node.name} "

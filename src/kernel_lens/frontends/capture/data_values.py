@@ -214,6 +214,34 @@ def _assign(env: Any, replay: Replay, fake: Any, eager: Any, where: str) -> None
             setter(expr, int(value))
 
 
+def _at_example_sizes(env: Any, replay: Replay, func: Any, args: Any, kwargs: Any) -> Any:
+    """``func``'s result at the example's sizes: run on meta tensors with every size the
+    example's value; None when a size has no value."""
+    values = {**env.var_to_val, **replay.values}
+
+    def concrete(obj: Any) -> Any:
+        if isinstance(obj, (torch.SymInt, torch.SymBool, torch.SymFloat)):
+            got = sympy.sympify(sympy.sympify(obj.node.expr).xreplace(values))
+            if got.free_symbols:
+                raise LookupError(got)
+            return bool(got) if isinstance(obj, torch.SymBool) else \
+                int(got) if isinstance(obj, torch.SymInt) else float(got)
+        if isinstance(obj, torch.Tensor):
+            return torch.empty_strided([concrete(d) for d in obj.shape], [concrete(d) for d in obj.stride()],
+                                       dtype=obj.dtype, device="meta")
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(concrete(o) for o in obj)
+        if isinstance(obj, dict):
+            return {k: concrete(v) for k, v in obj.items()}
+        return obj
+
+    try:
+        with fake_tensor.unset_fake_temporarily():
+            return func(*concrete(args), **concrete(kwargs or {}))
+    except Exception:  # no value for a size, or no meta function: torch.export's own refusal stands
+        return None
+
+
 @contextlib.contextmanager
 def replaying(log: list, replay: Replay) -> Iterator[None]:
     """The trace's side: each data-dependent op under torch.export takes the next eager record
@@ -240,6 +268,18 @@ def replaying(log: list, replay: Replay) -> Iterator[None]:
                 if isinstance(out, torch.SymBool) and isinstance(expr, sympy.Eq):
                     expr = expr.lhs
                 replay.items.append((expr, record[1][1], record[2]))
+        elif self.shape_env is not None and _new_unbacked(out) and not data_dependent(func):
+            # a size torch cannot name from its inputs' symbols although it follows from their
+            # values (x[a:b] with a, b from .tolist(): the slice clamps its length and offset):
+            # the op's own meta function at the example's sizes gives it
+            made = _at_example_sizes(self.shape_env, replay, func, args, kwargs)
+            fakes = out if isinstance(out, (list, tuple)) else [out]
+            metas = made if isinstance(made, (list, tuple)) else [made]
+            for fake, meta in zip(fakes, metas):
+                if isinstance(fake, torch.Tensor) and isinstance(meta, torch.Tensor):
+                    for f, m in [*zip(fake.shape, meta.shape), *zip(fake.stride(), meta.stride()),
+                                 (fake.storage_offset(), meta.storage_offset())]:
+                        _assign(self.shape_env, replay, f, ("scalar", int(m)), _where())
         return out
 
     # torch defers such an assert to run time (an IR check), but would also replace the symbol
