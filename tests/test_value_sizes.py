@@ -656,3 +656,12 @@ def test_a_kernel_given_a_slice_at_an_offset_from_values_is_refused_in_one_line(
     with pytest.raises(TraceError, match="not a dimension of any graph input") as info:
         kl.compile(MODELS.SegmentLaunches(), (torch.randn(40), torch.tensor([0, 5, 12, 40])))
     assert line_of("SLICE-LAUNCH") in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_derived_dim_over_another_dim_object_of_the_same_name_is_that_size():
+    from torch.export import Dim
+    a, b = Dim("n", min=2, max=64), Dim("n", min=2, max=64)
+    c = kl.compile(MODELS.TiledSum(), (torch.randn(8), torch.randn(16)), dynamic_shapes=({0: a}, {0: 2 * b}))
+    assert list(c.ir.symbols) == ["n"]
+    x, y = torch.randn(5), torch.randn(10)
+    assert torch.equal(c.run(x, y), eager_on_cpu(MODELS.TiledSum(), (x, y)))

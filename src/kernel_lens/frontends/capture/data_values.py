@@ -78,10 +78,12 @@ def _tolist(self: torch.Tensor) -> Any:
 
 
 def _equal(self: torch.Tensor, other: torch.Tensor) -> bool:
-    """``torch.equal``: the same shape and every element equal (after type promotion, NaN never
-    equal), one ``.item()`` of a bool: a branch on it is checked at run time."""
-    if not isinstance(other, torch.Tensor):
-        return _EQUAL(self, other)  # torch's own error
+    """``torch.equal`` called by the model: the same shape and every element equal (after type
+    promotion, NaN never equal), one ``.item()`` of a bool: a branch on it is checked at run
+    time. torch's own callers (its export machinery) get torch's."""
+    caller = sys._getframe(1).f_code.co_filename
+    if not isinstance(other, torch.Tensor) or "/torch/" in caller or not users_file(caller):
+        return _EQUAL(self, other)
     return tuple(self.shape) == tuple(other.shape) and bool(torch.eq(self, other).all().item())
 
 
