@@ -1,0 +1,101 @@
+"""Skinny GEMM ``y = x @ w (+ bias) (+ residual)`` for a few rows (M <= 16): the weight is
+streamed once, each program owning ``BLOCK_N`` columns for every row; fp32 accumulation.
+With ``SPLIT_K > 1`` each program also owns a slice of K and writes an fp32 partial, and a
+second kernel adds the partials in a fixed order (bit-stable run to run: no atomics)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_ROWS = 16
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    block_n: int = 64
+    block_k: int = 128
+    split_k: int = 1
+    num_warps: int = 4
+
+
+@triton.jit
+def _skinny_gemm(x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, part_ptr, M, N, K,
+                 stride_xm, stride_xk, stride_wk, stride_wn, stride_rm, stride_ym,
+                 HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    per = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    k_start = pid_k * per
+    k_end = tl.minimum(k_start + per, K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(k_start, k_end, BLOCK_K):
+        rk = k + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :] * stride_xk,
+                    mask=(rm[:, None] < M) & (rk[None, :] < k_end), other=0.0)
+        w = tl.load(w_ptr + rk[:, None] * stride_wk + rn[None, :] * stride_wn,
+                    mask=(rk[:, None] < k_end) & (rn[None, :] < N), other=0.0)
+        if BLOCK_M >= 16:
+            acc += tl.dot(x, w, out_dtype=tl.float32)
+        else:  # a few rows: multiply and add over K on the CUDA cores
+            acc += tl.sum(x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1)
+    keep = (rm[:, None] < M) & (rn[None, :] < N)
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        if HAS_RES:
+            acc += tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=keep, other=0.0).to(tl.float32)
+        tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=keep)
+    else:
+        tl.store(part_ptr + pid_k * M * N + rm[:, None] * N + rn[None, :], acc, mask=keep)
+
+
+@triton.jit
+def _add_partials(part_ptr, bias_ptr, res_ptr, y_ptr, M, N, stride_rm, stride_ym,
+                  HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, SPLIT_K: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs // N
+    n = offs % N
+    keep = offs < M * N
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(SPLIT_K):  # a fixed order: the same bits every run
+        acc += tl.load(part_ptr + s * M * N + offs, mask=keep, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + n, mask=keep, other=0.0).to(tl.float32)
+    if HAS_RES:
+        acc += tl.load(res_ptr + m * stride_rm + n, mask=keep, other=0.0).to(tl.float32)
+    tl.store(y_ptr + m * stride_ym + n, acc.to(y_ptr.dtype.element_ty), mask=keep)
+
+
+def skinny_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
+                  residual: torch.Tensor | None = None, config: GemmConfig = GemmConfig()) -> torch.Tensor:
+    """``x @ w (+ bias) (+ residual)`` for ``x`` [M, K] with M <= 16 and ``w`` [K, N] (any
+    strides: a transposed ``nn.Linear`` weight is ``weight.t()``); the result has ``x``'s dtype."""
+    M, K = x.shape
+    K2, N = w.shape
+    if K2 != K or not 1 <= M <= MAX_ROWS:
+        raise ValueError(f"skinny_matmul takes x [M <= {MAX_ROWS}, K] and w [K, N]; got {tuple(x.shape)} "
+                         f"and {tuple(w.shape)}")
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    block_m = max(triton.next_power_of_2(M), 2)
+    has_bias, has_res = bias is not None, residual is not None
+    res = residual if has_res else y
+    split = config.split_k
+    part = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
+    grid = (triton.cdiv(N, config.block_n), split)
+    _skinny_gemm[grid](x, w, bias if has_bias else y, res, y, part, M, N, K,
+                       x.stride(0), x.stride(1), w.stride(0), w.stride(1), res.stride(0), y.stride(0),
+                       HAS_BIAS=has_bias, HAS_RES=has_res, BLOCK_M=block_m, BLOCK_N=config.block_n,
+                       BLOCK_K=config.block_k, SPLIT_K=split, num_warps=config.num_warps)
+    if split > 1:
+        _add_partials[(triton.cdiv(M * N, 1024),)](part, bias if has_bias else y, res, y, M, N,
+                                                  res.stride(0), y.stride(0), HAS_BIAS=has_bias,
+                                                  HAS_RES=has_res, SPLIT_K=split, BLOCK=1024)
+    return y
