@@ -665,3 +665,15 @@ def test_a_derived_dim_over_another_dim_object_of_the_same_name_is_that_size():
     assert list(c.ir.symbols) == ["n"]
     x, y = torch.randn(5), torch.randn(10)
     assert torch.equal(c.run(x, y), eager_on_cpu(MODELS.TiledSum(), (x, y)))
+
+
+def test_a_constexpr_torch_proves_constant_over_a_dynamic_dim_compiles():
+    """``next_power_of_2(x.numel() // (B * S))`` is 32 for every S: one binary, no refusal."""
+    from torch.export import Dim
+    x = torch.randn(2, 8, 32)
+    model = MODELS.RowBlock()
+    c = kl.compile(model, (x,), dynamic_shapes={"x": {1: Dim("seq", min=2, max=64)}})
+    (kernel,) = c.ir.kernels.values()
+    assert [p.constexpr_value for p in kernel.params if p.name == "BD"] == [32]
+    y = torch.randn(2, 5, 32)
+    assert torch.equal(c.run(y), eager_on_cpu(model, (y,)))

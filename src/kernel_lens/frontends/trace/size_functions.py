@@ -284,6 +284,8 @@ def constexpr_values(expr: sympy.Expr, ranges: dict, limit: int) -> list[tuple[i
     """The pieces of a constexpr computed from sizes: one piece when it is constant over the
     whole declared range (proven by interval evaluation, any number of sizes)."""
     free = sorted(expr.free_symbols, key=str)
+    if not free and getattr(expr, "is_Integer", False):  # torch's replacements made it a constant
+        return [(int(expr), None, None)]
     if free:
         box = {s: ValueRanges(*_bounds(ranges, s)) for s in free}
         vr = bound_sympy(expr, box)
