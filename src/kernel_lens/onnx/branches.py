@@ -64,9 +64,9 @@ def gate_checks(model: onnx.ModelProto) -> onnx.ModelProto:
     outs = [o.name for o in graph.output if o.name in made]  # not a weight given as an output
     inner = {o: f"gated.{o}" for o in outs}  # the graph's outputs, made inside the If bodies
     nodes = []
-    for node in graph.node:
+    for original in graph.node:
         node = onnx.NodeProto()
-        node.CopyFrom(graph.node[len(nodes)])
+        node.CopyFrom(original)
         node.input[:] = [inner.get(x, x) for x in node.input]
         node.output[:] = [inner.get(x, x) for x in node.output]
         nodes.append(node)
@@ -151,9 +151,7 @@ class _Builder:
         if check is None:
             return nodes + [helper.make_node("Identity", [out], [name], name=self.fresh(f"{tag}.result"))
                             for out, name in zip(outs, results)]
-        needed = _ancestors(nodes, check.input[0])
-        before = [n for n in nodes if id(n) in needed]
-        rest = [n for n in nodes if id(n) not in needed and n is not check]
+        before, rest = _split_at(nodes, check)
         inner = [self.fresh(f"{tag}.checked") for _ in outs]
         for name, out in zip(inner, outs):
             self.info(name, out)
@@ -189,9 +187,7 @@ class _Builder:
             flag = self.fresh(f"b{k}.true")
             self.infos[flag] = helper.make_tensor_value_info(flag, TensorProto.BOOL, [1])
             return nodes + [_constant(flag, TensorProto.BOOL, [1], [True])], outs, flag
-        needed = _ancestors(nodes, check.input[0])
-        before = [n for n in nodes if id(n) in needed]
-        rest = [n for n in nodes if id(n) not in needed and n is not check]
+        before, rest = _split_at(nodes, check)
         inner_nodes, inner_outs, inner_flag = self.attempt(rest, outs, k)
         then = self.graph(inner_nodes, [*inner_outs, inner_flag], f"b{k}_checked")
         empties, names = [], []
@@ -214,6 +210,13 @@ class _Builder:
         choose = helper.make_node("If", [check.input[0]], [*results, flag], name=self.fresh(f"b{k}.check"),
                                   then_branch=then, else_branch=other)
         return before + [choose], results, flag
+
+
+def _split_at(nodes: list, check: onnx.NodeProto) -> tuple[list, list]:
+    """(what ``check``'s condition needs, every other node but ``check``), in order."""
+    needed = _ancestors(nodes, check.input[0])
+    return ([n for n in nodes if id(n) in needed],
+            [n for n in nodes if id(n) not in needed and n is not check])
 
 
 def _ancestors(nodes: list, name: str) -> set[int]:
