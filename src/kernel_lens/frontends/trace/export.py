@@ -225,9 +225,10 @@ def _pin_to_value_step(kernel: str, name: str, value: Any, captured: Any) -> Non
     why = (f"{site} (kernel {kernel}: constexpr {name!r} = {captured} is computed from a tensor "
            f"value, {u} = {example}; the binary serves {u} in [{step[0]}, {step[1]}]: give "
            f"extra_examples with other values)")
+    size = env.create_symintnode(u, hint=example)
     with data_values.asserting_for(why):
-        torch._check(value.node.shape_env.create_symintnode(u, hint=example) >= step[0])
-        torch._check(value.node.shape_env.create_symintnode(u, hint=example) <= step[1])
+        torch._check(size >= step[0])
+        torch._check(size <= step[1])
 
 
 def _constexpr_values(kernel: str, name: str, value: Any, captured: Any) -> list[int]:
