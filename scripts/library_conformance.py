@@ -4,9 +4,11 @@
 Every case file is run in fresh subprocesses (one per phase, so a crash or a hang in one case or
 phase does not take the others down; ``--timeout`` seconds each, 300 by default):
 
-* ``compile``: ``kernel_lens.compile(model, example_inputs, dynamic_shapes=..., arch=90)``, the
-  front half only (no targets) on a CPU-only host. Recorded as ``compiled`` (plus the launch
-  count and, where the file has ``reference``, whether the captured forward's outputs match it),
+* ``compile``: ``kernel_lens.compile(model, example_inputs, dynamic_shapes=..., arch=90,
+  extra_examples=...)``, the front half only (no targets) on a CPU-only host. Recorded as
+  ``compiled`` (plus the launch count and, where the file has ``reference``, whether the
+  captured forward's outputs match it and whether ``compiled.run`` on the CPU (ONNX's evaluator
+  and Triton's interpreter) matches it at the example, each extra example and two other sizes),
   the typed error (``KernelLensError`` subclass and the first line of its message), ``TRACEBACK``
   (any other exception: its type, first line and the last frames inside ``src/kernel_lens`` or
   the library), ``CRASH`` (the subprocess died: signal or exit code) or ``TIMEOUT``.
@@ -259,6 +261,9 @@ def worker(path: Path, phase: str, device: str, result_file: Path) -> None:
                 kwargs["roles"] = mod.roles
             if getattr(mod, "autotune", None):
                 kwargs["autotune"] = mod.autotune
+            extra = [_to(tuple(e), device) for e in getattr(mod, "extra_examples", None) or []]
+            if extra:
+                kwargs["extra_examples"] = extra
             if device != "cpu":
                 out_dir = tempfile.mkdtemp(prefix=f"kl_{path.stem}_")
                 kwargs.update(targets=["ort"], output_dir=out_dir)
@@ -274,6 +279,19 @@ def worker(path: Path, phase: str, device: str, result_file: Path) -> None:
                 ok, worst = _compare(compiled.example_outputs, want, tol)
                 result["matches_reference"] = ok
                 result["max_abs_diff"] = worst
+                # the compiled model itself on the CPU (graph by ONNX's evaluator, launches by
+                # Triton's interpreter) at the example, the extra examples and two other sizes
+                runs = []
+                for sizes, args in [({}, inputs), *(({"extra_example": i}, e) for i, e in enumerate(extra)),
+                                    *_other_sizes(mod, dynamic_shapes, device)]:
+                    try:
+                        want = reference(*args)
+                    except Exception:  # noqa: BLE001 - the reference itself fails at this size
+                        continue
+                    ok, worst = _compare(compiled.run(*args), want, tol)
+                    runs.append({"sizes": sizes, "ok": ok, "max_abs_diff": worst})
+                result["runs"] = runs
+                result["compiled_matches_reference"] = all(r["ok"] for r in runs)
             if device != "cpu":
                 # the captured size and two others in the declared range: ORT vs eager
                 runs = []
@@ -337,7 +355,11 @@ def _other_sizes(mod, dynamic_shapes, device) -> list:
     out = []
     for pick in (lambda v, lo, hi: min(hi, 3 * v + 1), lambda v, lo, hi: min(hi, lo + 1)):
         sizes = {k: pick(v, *dims[k]) for k, v in defaults.items()}
-        out.append((sizes, _to(tuple(make(**sizes)), device)))
+        try:
+            made = make(**sizes)
+        except Exception:  # noqa: BLE001 - the case's own input maker does not reach this size
+            continue
+        out.append((sizes, _to(tuple(made), device)))
     return out
 
 
@@ -399,6 +421,12 @@ def cell(result: dict) -> str:
         if "matches_reference" in result:
             text += ", matches reference" if result["matches_reference"] else \
                 f", MISMATCH vs reference (max abs {result.get('max_abs_diff'):.3g})"
+        if "compiled_matches_reference" in result:
+            runs = result["runs"]
+            text += (f", compiled == reference on the CPU at {len(runs)} inputs"
+                     if result["compiled_matches_reference"] else
+                     f", COMPILED != reference on the CPU (max abs "
+                     f"{max(r['max_abs_diff'] for r in runs):.3g})")
         if "ort_matches_eager" in result:
             sizes = len(result.get("runs", [])) or 1
             varies = "" if result.get("eager_repeatable", True) else "; eager run twice differs too"

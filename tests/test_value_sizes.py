@@ -677,3 +677,58 @@ def test_a_constexpr_torch_proves_constant_over_a_dynamic_dim_compiles():
     assert [p.constexpr_value for p in kernel.params if p.name == "BD"] == [32]
     y = torch.randn(2, 5, 32)
     assert torch.equal(c.run(y), eager_on_cpu(model, (y,)))
+
+
+def test_a_constexpr_truth_value_from_a_value_is_checked_and_extra_examples_add_the_other():
+    """``IS_ONE = longest == 1`` of an .item(): the example's binary, the truth value checked at
+    run time (the other one refused naming the launch's line); an extra example traces it."""
+    x = torch.randn(40)
+    model = MODELS.DecodeFlag()
+    c = kl.compile(model, (x, torch.tensor([0, 5, 12, 40])))
+    assert [p.constexpr_value for p in c.ir.kernels["shift_or_copy"].params if p.name == "IS_ONE"] == [False]
+    for cu in ([0, 5, 12, 40], [0, 2, 3, 4]):
+        t = torch.tensor(cu)
+        assert torch.equal(c.run(x, t), eager_on_cpu(model, (x, t)))
+    with pytest.raises(UntracedBranchError, match=line_of("FLAG-FROM-VALUE") + r".*'IS_ONE' = False"):
+        c.run(x, torch.tensor([0, 1, 2, 3]))
+    more = kl.compile(model, (x, torch.tensor([0, 5, 12, 40])), extra_examples=[(x, torch.tensor([0, 1, 2, 3]))])
+    for cu in ([0, 1, 2, 3], [0, 5, 12, 40], [0, 1, 1, 2]):
+        t = torch.tensor(cu)
+        assert torch.equal(more.run(x, t), eager_on_cpu(model, (x, t))), cu
+    assert not torch.equal(more.run(x, torch.tensor([0, 1, 2, 3])), more.run(x, torch.tensor([0, 2, 3, 4])))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_repeat_interleave_of_counts_alone_keeps_their_dtype_and_follows_them(dtype):
+    """torchlib's translation compares int64 positions with int32 counts (ill-typed ONNX):
+    kernel_lens's own gives index i counts[i] times in the counts' dtype, zeros and all."""
+    x = torch.randn(6)
+    model = MODELS.SegmentIds()
+    c = kl.compile(model, (x, torch.tensor([2, 0, 3, 1, 0, 1], dtype=dtype)))
+    for counts in ([2, 0, 3, 1, 0, 1], [0, 0, 0, 0, 0, 0], [5, 1, 0, 0, 0, 4], [0, 0, 0, 0, 0, 1]):
+        t = torch.tensor(counts, dtype=dtype)
+        got, want = c.run(x, t), eager_on_cpu(model, (x, t))
+        assert got[1].dtype == dtype and all(torch.equal(a, b) for a, b in zip(got, want)), counts
+
+
+def test_a_buffer_sized_by_a_value_is_dense_though_torchs_strides_read_max_1_u():
+    """``torch.zeros(2, m, 4)`` with m from a value has strides (4*Max(1, m), 4, 1): dense for
+    every m (at m = 0 nothing is stored), so a kernel may fill it."""
+    model, x = MODELS.PaddedBuffer(), torch.ones(8)
+    c = kl.compile(model, (x, torch.tensor([3, 1])))
+    for count in ([3, 1], [0, 0], [5, 2], [1, 1]):
+        t = torch.tensor(count)
+        got = c.run(x, t)
+        assert got.shape == (2, max(count), 4) and torch.equal(got, eager_on_cpu(model, (x, t)))
+
+
+def test_a_dim_of_size_one_over_a_piece_has_any_stride():
+    """A [4, cdiv(n, 512)] table: in the piece n <= 512 torch gives strides (1, 1), dense there
+    because the dim is 1 for every n in the piece; the piece above has (cdiv, 1)."""
+    from torch.export import Dim
+    model = MODELS.TileTable()
+    c = kl.compile(model, (torch.randn(600),), dynamic_shapes={"x": {0: Dim("n", min=2, max=4096)}})
+    assert sorted(v.strides[0] for g in c.ir.graphs() for n, v in g.values.items() if "empty" in n)[0] == "1"
+    for n in (2, 511, 512, 513, 1500, 4096):
+        x = torch.randn(n)
+        assert torch.equal(c.run(x), eager_on_cpu(model, (x,))), n

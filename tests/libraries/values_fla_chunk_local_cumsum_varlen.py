@@ -3,9 +3,8 @@
 `prepare_chunk_indices(cu_seqlens, 16)` takes `diff(cu_seqlens)`, `repeat_interleave`s by the
 per-sequence chunk counts (a length from values) and the grid is `len(chunk_indices) * B * H`.
 cu_seqlens is a model input, so its values vary from call to call. It is int32 (as vLLM-style
-callers pass it): the compile matches the reference, but the lowered graph's `repeat_interleave`
-compares int64 with int32 (`Less`), so `run()` fails even on the example inputs; with int64
-cu_seqlens every value tried is served or refused by its check."""
+callers pass it); kernel_lens translates `repeat_interleave` of the counts itself, in their
+dtype (torchlib's translation compared int64 with int32 and ONNX refused the graph)."""
 
 import torch
 from fla.ops.utils import chunk_local_cumsum

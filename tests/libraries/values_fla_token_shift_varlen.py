@@ -3,7 +3,7 @@
 VALUES: `T = torch.max(cu_seqlens.diff()).item()` (the longest sequence) is the grid's second
 dim and a kernel scalar, `use_short_kernel = T <= 4096` picks the kernel, and the constexpr
 `IS_DECODE = T == 1` is computed from that value. cu_seqlens (int32) is an input. kernel_lens
-refuses the boolean constexpr computed from a value (DynamicConstexprError on IS_DECODE)."""
+compiles the example's truth value and checks it at run time (extra_examples trace the other)."""
 
 import torch
 from fla.modules.token_shift import token_shift

@@ -3,8 +3,8 @@
 host code reads VALUES: `S = prepare_lens(cu_seqlens).max().item()` (the longest sequence) sizes
 the output [len(cu_seqlens) - 1, S, D], the grid `ND * S * B` and the kernel scalar S, and
 `D = y.numel() // (B * S)` is computed from that value. cu_seqlens (int64) is an input.
-kernel_lens refuses `BD = min(next_power_of_2(D), 4096)` although it is 32 for every S
-(DynamicConstexprError: "32 depends on 0 sizes"), with or without dynamic shapes."""
+`BD = min(next_power_of_2(D), 4096)` is 32 for every S (one binary); the zero-filled output's
+torch strides read `32*Max(1, S)`, dense for every S."""
 
 import torch
 from fla.ops.utils import unpack_sequence

@@ -51,10 +51,8 @@ model = Model()
 example_inputs = _make_inputs()
 # every token routed to experts 0 and 1 (2 tiles), or spread over all four (4 tiles)
 extra_examples = [_make_inputs(experts=[[0, 1]] * 8)]
-# tokens dynamic: the compile (front half) passes, but lowering to ONNX (run(), targets) refuses
-# the [2, 512] size piece: tile_expert_counts = torch.empty(E, cdiv(T, 512)) has torch strides
-# (1, 1) there (n_tiles is 1 over the whole piece) and kernel_lens does not see that this is dense
-# row-major (UnsupportedKernelError). With static shapes every routing tried is served.
+# tokens dynamic: two size pieces; in [2, 512] tile_expert_counts = torch.empty(E, cdiv(T, 512))
+# has torch strides (1, 1) (n_tiles is 1 over the whole piece), which is dense there.
 _tokens = torch.export.Dim("tokens", min=2, max=1024)
 dynamic_shapes = {"x": {0: _tokens}, "gate_up_proj": None, "down_proj": None,
                   "top_k_index": {0: _tokens}, "top_k_weights": {0: _tokens}}

@@ -354,3 +354,58 @@ class RowBlock(torch.nn.Module):
         y = torch.empty_like(x)
         copy_block[(b * s,)](x, y, x.numel(), BD=triton.next_power_of_2(x.numel() // (b * s)))
         return y
+
+
+@triton.jit
+def shift_or_copy(x_ptr, y_ptr, n, IS_ONE: tl.constexpr, BLOCK: tl.constexpr):
+    o = tl.arange(0, BLOCK)
+    v = tl.load(x_ptr + o, mask=o < n, other=0.0)
+    if IS_ONE:
+        v = v * 2.0
+    else:
+        v = v + 1.0
+    tl.store(y_ptr + o, v, mask=o < n)
+
+
+class DecodeFlag(torch.nn.Module):
+    """fla token-shift style: a constexpr truth value computed from a value (one-token
+    segments take another path inside the kernel)."""
+
+    def forward(self, x, cu):
+        longest = (cu[1:] - cu[:-1]).max().item()
+        y = torch.empty_like(x)
+        shift_or_copy[(1,)](x, y, x.shape[0], IS_ONE=longest == 1, BLOCK=64)  # FLAG-FROM-VALUE
+        return y
+
+
+class SegmentIds(torch.nn.Module):
+    """fla's prepare_chunk_indices style: the segment id of every position, from int32 lengths
+    (``repeat_interleave`` of the counts alone, in their dtype), added to x's rows by a kernel."""
+
+    def forward(self, x, lengths):
+        ids = torch.repeat_interleave(lengths)
+        picked = x[ids].contiguous()
+        out = torch.empty_like(picked)
+        n = picked.numel()
+        add_scalar[(triton.cdiv(n, 64),)](picked, out, n, 2, BLOCK=64)
+        return out, ids
+
+
+class PaddedBuffer(torch.nn.Module):
+    """A buffer sized by a value (torch's strides read ``Max(1, u0)``) filled by a kernel."""
+
+    def forward(self, x, count):
+        m = count.max().item()
+        out = torch.zeros(2, m, 4, device=x.device)
+        ramp[(triton.cdiv(out.numel(), 64),)](x, out, out.numel(), 0.5, BLOCK=64)
+        return out
+
+
+class TileTable(torch.nn.Module):
+    """liger fused-MoE style: a [4, cdiv(n, 512)] table filled by a kernel; at n <= 512 it is one
+    column, and torch gives it strides (1, 1)."""
+
+    def forward(self, x):
+        table = torch.empty(4, triton.cdiv(x.shape[0], 512), device=x.device)
+        ramp[(triton.cdiv(table.numel(), 64),)](x, table, table.numel(), 0.25, BLOCK=64)
+        return table

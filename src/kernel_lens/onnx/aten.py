@@ -256,6 +256,24 @@ def _masked_select(ctx: LoweringContext, op: TorchOp) -> list[str]:
                      axis=0)]
 
 
+@register("aten.repeat_interleave.Tensor")
+def _repeat_interleave(ctx: LoweringContext, op: TorchOp) -> list[str]:
+    """``repeat_interleave(repeats)``: index i repeated repeats[i] times, in the repeats' dtype
+    (torchlib's translation compares int64 positions with the repeats as given, which ONNX
+    refuses for int32 repeats). Position j's index is the count of cumulative sums <= j."""
+    a = Args(op, ["repeats", "output_size"])
+    repeats = ctx.value_of(a.arg("repeats"))
+    ends = ctx.node("CumSum", [ctx.cast(ctx.tensor(a.arg("repeats")), repeats.dtype, DType.i64),
+                               ctx.scalar(0, DType.i64)])
+    total = ctx.node("ReduceSum", [ctx.cast(ctx.tensor(a.arg("repeats")), repeats.dtype, DType.i64)],
+                     keepdims=0)
+    pos = ctx.node("Range", [ctx.scalar(0, DType.i64), total, ctx.scalar(1, DType.i64)])
+    passed = ctx.node("GreaterOrEqual", [ctx.node("Unsqueeze", [pos, ctx.i64([1])]),
+                                         ctx.node("Unsqueeze", [ends, ctx.i64([0])])])
+    index = ctx.node("ReduceSum", [ctx.cast(passed, DType.i1, DType.i64), ctx.i64([1])], keepdims=0)
+    return [ctx.cast(index, DType.i64, ctx.out(op).dtype)]
+
+
 @register("aten.squeeze.dims")
 def _squeeze_dims(ctx: LoweringContext, op: TorchOp) -> list[str]:
     # squeezing a dim that is not 1 is a no-op in torch: the IR's result shape says which went

@@ -14,7 +14,7 @@ import sympy
 from .. import aten_facts
 from ..errors import UnsupportedKernelError
 from ..ir.graph import OpArg, TensorValue, TorchOp, ValueArg
-from ..ir.symbolic import parse
+from ..ir.symbolic import bounds, parse
 from . import aten
 
 
@@ -157,10 +157,17 @@ class MemoryModel:
                             lambda: self.node("Transpose", [name], perm=perm), scope="weights")
 
     def _dense(self, value: TensorValue) -> bool:
+        """Whether torch's layout is dense row-major for every size the graph serves. A dim of
+        size 1 over the symbols' ranges (``cdiv(tokens, 512)`` in the piece tokens <= 512) has any
+        stride; torch's ``Max(1, size)`` in a stride is ``size`` (at size 0 nothing is stored)."""
+        ranges = {n: (i.min, i.max) for n, i in {**self.ir.symbols, **self.ir.runtime_symbols}.items()}
+        sizes = [parse(size, self.sym_names) for size in value.shape]
+        at_least_one = {sympy.Max(1, s): s for s in sizes} | {sympy.Max(s, 1): s for s in sizes}
         expected = sympy.Integer(1)
-        for size, stride in reversed(list(zip(value.shape, value.strides))):
-            s = parse(size, self.sym_names)
-            if s != 1 and not self._equal(parse(stride, self.sym_names), expected):
+        for s, stride in reversed(list(zip(sizes, value.strides))):
+            if s == 1 or bounds(s, ranges) == (1, 1):
+                continue
+            if not self._equal(parse(stride, self.sym_names).xreplace(at_least_one), expected):
                 return False
             expected = expected * s
         return True

@@ -131,6 +131,10 @@ class _Tracer:
                     # dynamic n: one binary per truth value, chosen at run time.
                     guards[p.name] = value
                     continue
+                if isinstance(value, torch.SymBool) and _pin_bool_to_example(
+                        kernel, p.name, value, captured.params[p.name]):
+                    params[p.name] = captured.params[p.name]  # the example's binary, checked
+                    continue
                 if isinstance(value, torch.SymInt):
                     _pin_to_value_step(kernel, p.name, value, captured.params[p.name])
                     values = _constexpr_values(kernel, p.name, value, captured.params[p.name])
@@ -229,6 +233,22 @@ def _pin_to_value_step(kernel: str, name: str, value: Any, captured: Any) -> Non
     with data_values.asserting_for(why):
         torch._check(size >= step[0])
         torch._check(size <= step[1])
+
+
+def _pin_bool_to_example(kernel: str, name: str, value: Any, captured: Any) -> bool:
+    """A constexpr truth value computed from tensor values (``IS_DECODE = T == 1`` of an
+    ``.item()``): the binary is the example's, and the condition is checked at run time to have
+    the example's truth value; a call where it differs is refused, naming the launch's line
+    (``extra_examples`` taking the other side trace it). False when it reads no value."""
+    if not isinstance(captured, bool) or not symbolic_shapes.free_unbacked_symbols(value):
+        return False
+    site = data_values.model_line(sys._getframe(2))
+    why = (f"{site} (kernel {kernel}: constexpr {name!r} = {captured} is computed from tensor "
+           f"values, {value.node.expr}; the binary serves calls where it is {captured}: give "
+           f"extra_examples where it is {not captured})")
+    with data_values.asserting_for(why):
+        torch._check(value if captured else torch.sym_not(value))
+    return True
 
 
 def _constexpr_values(kernel: str, name: str, value: Any, captured: Any) -> list[int]:
