@@ -89,3 +89,12 @@ def test_the_own_kernels_compile_through_the_pipeline_and_equal_eager():
     assert all(b.arch == 90 for kern in c.ir.kernels.values() for b in kern.binaries)
     lens2 = torch.tensor([17, 1], dtype=torch.int32)
     assert torch.equal(c.run(x, k, v, lens2), eager_on_cpu(model, (x, k, v, lens2)))
+
+
+def test_skinny_matmul_on_the_tensor_cores_pads_rows_to_16_and_equals_torch():
+    x, w = torch.randn(3, 96, generator=_g(14)), torch.randn(40, 96, generator=_g(15)).t()
+    b, r = torch.randn(40, generator=_g(16)), torch.randn(3, 40, generator=_g(17))
+    cfg = GemmConfig(block_n=32, block_k=32, split_k=2, dot=True)
+    got = eager_on_cpu(lambda *a: skinny_matmul(*a, config=cfg), (x, w, b, r))
+    want = x.double() @ w.double() + b.double() + r.double()
+    assert got.shape == (3, 40) and torch.allclose(got.double(), want, rtol=1e-4, atol=1e-3)

@@ -121,6 +121,21 @@ CASES = {
                      [(_g(17, 4, 32), KEEP), (_g(17, 4, 32), torch.full((32,), 3)),
                       (_g(17, 4, 32), torch.zeros(32, dtype=torch.long))], None),
     "compiled_helper": ("CompiledHelper", (X100,), None, None, [(X100,), (_g(18, 100),)], None),
+    "block_from_value_alone": ("LongestSegmentBlock", (_g(19, 40), t(0, 5, 12, 40)), None, None,
+                               [(_g(19, 40), t(0, 5, 12, 40)), (_g(19, 40), t(0, 17, 40, 40))],
+                               ((_g(19, 40), t(0, 1, 2, 3)), line_of("BLOCK-FROM-VALUE"))),
+    "decode_flag": ("DecodeFlag", (_g(21, 40), t(0, 5, 12, 40)), [(_g(21, 40), t(0, 1, 2, 3))], None,
+                    [(_g(21, 40), t(0, 5, 12, 40)), (_g(21, 40), t(0, 1, 2, 3)), (_g(21, 40), t(0, 1, 1, 2))],
+                    None),
+    "decode_flag_alone": ("DecodeFlag", (_g(21, 40), t(0, 5, 12, 40)), None, None,
+                          [(_g(21, 40), t(0, 2, 3, 4))], ((_g(21, 40), t(0, 1, 2, 3)), line_of("FLAG-FROM-VALUE"))),
+    "segment_ids_int32": ("SegmentIds", (_g(22, 6), torch.tensor([2, 0, 3, 1, 0, 1], dtype=torch.int32)), None,
+                          None, [(_g(22, 6), torch.tensor(c, dtype=torch.int32))
+                                 for c in ([2, 0, 3, 1, 0, 1], [0] * 6, [5, 1, 0, 0, 0, 4])], None),
+    "padded_buffer": ("PaddedBuffer", (torch.ones(8), t(3, 1)), None, None,
+                      [(torch.ones(8), t(3, 1)), (torch.ones(8), t(0, 0)), (torch.ones(8), t(5, 2))], None),
+    "tile_table_pieces": ("TileTable", (_g(23, 600),), None, ({0: Dim("n", min=2, max=4096)},),
+                          [(_g(24, n),) for n in (2, 512, 513, 4096)], None),
 }
 
 

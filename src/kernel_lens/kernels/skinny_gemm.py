@@ -20,6 +20,7 @@ class GemmConfig:
     block_k: int = 128
     split_k: int = 1
     num_warps: int = 4
+    dot: bool = False  # rows padded to 16 and multiplied on the tensor cores (tl.dot)
 
 
 @triton.jit
@@ -84,7 +85,7 @@ def skinny_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = 
         raise ValueError(f"skinny_matmul takes x [M <= {MAX_ROWS}, K] and w [K, N]; got {tuple(x.shape)} "
                          f"and {tuple(w.shape)}")
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    block_m = max(triton.next_power_of_2(M), 2)
+    block_m = 16 if config.dot else max(triton.next_power_of_2(M), 2)
     has_bias, has_res = bias is not None, residual is not None
     res = residual if has_res else y
     split = config.split_k

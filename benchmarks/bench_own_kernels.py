@@ -1,0 +1,181 @@
+"""kernel_lens's own decode kernels (issue 41) against what the graph runs today, one GPU, one run:
+
+* skinny GEMM ``x @ W.t()`` (``kernel_lens.kernels.skinny_matmul``) vs ``torch.nn.functional.linear``
+  (cuBLAS; what ORT's MatMul calls too) on the decode model's weights (examples/llama_decode.py,
+  size ``bench``: hidden 4096, FFN 11008, 8 of 32 heads for K/V, vocab 32000), M = 1 and 8 rows,
+  fp16; every config of a small grid (``CONFIGS``) timed, the fastest kept per shape;
+* split-KV decode attention (``kernel_lens.kernels.decode_attention``) vs
+  ``torch.nn.functional.scaled_dot_product_attention`` on the same [B, 8, S, 128] cache (32 query
+  heads, K/V expanded to 32 heads for SDPA as the graph does), S = 256 and 4096, B = 1 and 8.
+
+Per row: median microseconds of ``triton.testing.do_bench_cudagraph`` (a CUDA graph of 20
+calls replayed: launch overhead excluded for both sides), the least bytes the op must read (the
+weight, or the K/V cache), the fraction of ``--hbm-peak-tbs`` (4.8 for an H200) that is, the
+max abs difference from a float64 reference for both sides, and whether two runs of the own
+kernel give the same bits. Writes ``--json``; ``--plot`` draws it.
+
+    python benchmarks/bench_own_kernels.py --json own_kernels.json --plot own_kernels.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+from triton.testing import do_bench_cudagraph
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from kernel_lens.kernels import decode_attention, skinny_matmul  # noqa: E402
+from kernel_lens.kernels.skinny_gemm import GemmConfig  # noqa: E402
+
+# (name, N, K) of the decode model's linear layers
+SHAPES = [("q/o proj", 4096, 4096), ("k/v proj", 1024, 4096), ("gate/up", 11008, 4096),
+          ("down", 4096, 11008), ("lm head", 32000, 4096)]
+CONFIGS = [GemmConfig(block_n=bn, block_k=bk, split_k=sk, num_warps=w, dot=dot)
+           for bn, bk, sk, w, dot in itertools.product((32, 64, 128), (128, 256), (1, 2, 4), (4,), (False, True))
+           if not (dot and bn < 32)]
+SPLITS = (4, 8, 16, 32)
+
+
+def _us(fn) -> float:
+    return do_bench_cudagraph(fn, rep=40, return_mode="median") * 1e3
+
+
+def gemm_rows(ms: list[int], peak: float, dtype) -> list[dict]:
+    rows = []
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for (name, n, k), m in itertools.product(SHAPES, ms):
+        w = (torch.randn(n, k, device="cuda", generator=gen) / math.sqrt(k)).to(dtype)
+        x = torch.randn(m, k, device="cuda", generator=gen).to(dtype)
+        ref = x.double() @ w.double().t()
+        wt = w.t()
+        nbytes = w.numel() * w.element_size()
+        torch_us = _us(lambda: torch.nn.functional.linear(x, w))
+        torch_diff = (torch.nn.functional.linear(x, w).double() - ref).abs().max().item()
+        best = None
+        for cfg in CONFIGS:
+            if m > 16 or (cfg.dot is False and cfg.block_n * cfg.block_k * max(2, triton.next_power_of_2(m)) > 65536):
+                continue
+            try:
+                out = skinny_matmul(x, wt, config=cfg)
+                us = _us(lambda: skinny_matmul(x, wt, config=cfg))
+            except Exception as exc:  # noqa: BLE001 - a config that does not fit the chip
+                print(f"  {name} M={m} {cfg}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+                continue
+            if best is None or us < best[0]:
+                best = (us, cfg, out)
+        us, cfg, out = best
+        again = skinny_matmul(x, wt, config=cfg)
+        row = {"op": "gemm", "name": name, "M": m, "N": n, "K": k, "dtype": str(dtype).removeprefix("torch."),
+               "bytes": nbytes, "torch_us": round(torch_us, 2), "own_us": round(us, 2),
+               "own_over_torch": round(us / torch_us, 3),
+               "torch_hbm_fraction": round(nbytes / (torch_us * 1e-6) / (peak * 1e12), 3),
+               "own_hbm_fraction": round(nbytes / (us * 1e-6) / (peak * 1e12), 3),
+               "own_config": cfg.__dict__, "torch_max_abs_diff": torch_diff,
+               "own_max_abs_diff": (out.double() - ref).abs().max().item(),
+               "own_bit_stable": bool(torch.equal(out, again))}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def attention_rows(batches: list[int], contexts: list[int], peak: float, dtype) -> list[dict]:
+    rows = []
+    hq, hkv, d = 32, 8, 128
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for b, s in itertools.product(batches, contexts):
+        q = torch.randn(b, hq, d, device="cuda", generator=gen).to(dtype)
+        k = torch.randn(b, hkv, s, d, device="cuda", generator=gen).to(dtype)
+        v = torch.randn(b, hkv, s, d, device="cuda", generator=gen).to(dtype)
+        lengths = torch.full((b,), s, dtype=torch.int32, device="cuda")
+        kk, vv = k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1)
+        ref = torch.nn.functional.scaled_dot_product_attention(q.double()[:, :, None], kk.double(), vv.double())[:, :, 0]
+
+        def sdpa():
+            return torch.nn.functional.scaled_dot_product_attention(
+                q[:, :, None], k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1))[:, :, 0]
+
+        def sdpa_pre():  # K/V already expanded (the expansion's copy left out)
+            return torch.nn.functional.scaled_dot_product_attention(q[:, :, None], kk, vv)[:, :, 0]
+        nbytes = 2 * k.numel() * k.element_size()
+        t_us, tpre_us = _us(sdpa), _us(sdpa_pre)
+        best = None
+        for splits, bs in itertools.product(SPLITS, (32, 64)):
+            out = decode_attention(q, k, v, lengths, splits=splits, block_s=bs)
+            us = _us(lambda: decode_attention(q, k, v, lengths, splits=splits, block_s=bs))
+            if best is None or us < best[0]:
+                best = (us, splits, bs, out)
+        us, splits, bs, out = best
+        again = decode_attention(q, k, v, lengths, splits=splits, block_s=bs)
+        row = {"op": "decode_attention", "B": b, "S": s, "H_q": hq, "H_kv": hkv, "D": d,
+               "dtype": str(dtype).removeprefix("torch."), "bytes": nbytes,
+               "torch_us": round(t_us, 2), "torch_kv_expanded_us": round(tpre_us, 2), "own_us": round(us, 2),
+               "own_over_torch": round(us / t_us, 3),
+               "torch_hbm_fraction": round(nbytes / (t_us * 1e-6) / (peak * 1e12), 3),
+               "own_hbm_fraction": round(nbytes / (us * 1e-6) / (peak * 1e12), 3),
+               "own_config": {"splits": splits, "block_s": bs},
+               "torch_max_abs_diff": (sdpa().double() - ref).abs().max().item(),
+               "own_max_abs_diff": (out.double() - ref).abs().max().item(),
+               "own_bit_stable": bool(torch.equal(out, again))}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def plot(result: dict, path: str) -> None:
+    import matplotlib  # noqa: PLC0415
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+    rows = result["rows"]
+    fig, ax = plt.subplots(figsize=(11, 4))
+    labels = [f"{r['name']} M={r['M']}" if r["op"] == "gemm" else f"attn B={r['B']} S={r['S']}" for r in rows]
+    xs = range(len(rows))
+    ax.bar([x - 0.2 for x in xs], [r["torch_hbm_fraction"] for r in rows], 0.4, label="torch (cuBLAS / SDPA)")
+    ax.bar([x + 0.2 for x in xs], [r["own_hbm_fraction"] for r in rows], 0.4, label="kernel_lens own kernel")
+    ax.set_xticks(list(xs), labels, rotation=45, ha="right", fontsize=8)
+    ax.set_ylabel("fraction of HBM peak")
+    ax.set_title(f"{result['env']['gpu']}: decode ops, one op alone (CUDA graph of 20 calls)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    ap.add_argument("--plot")
+    ap.add_argument("--from-json", help="only draw --plot from this JSON (no GPU)")
+    ap.add_argument("--hbm-peak-tbs", type=float, default=4.8)
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--contexts", type=int, nargs="+", default=[256, 4096])
+    args = ap.parse_args()
+    if args.from_json:
+        plot(json.loads(Path(args.from_json).read_text()), args.plot)
+        return
+    torch.backends.cuda.matmul.allow_tf32 = False
+    start = time.time()
+    env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "cuda": torch.version.cuda, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "hbm_peak_tbs": args.hbm_peak_tbs, "timing": "do_bench_cudagraph median, rep=40 ms"}
+    result = {"env": env, "rows": []}
+    result["rows"] += gemm_rows(args.rows, args.hbm_peak_tbs, torch.float16)
+    result["rows"] += attention_rows(args.batches, args.contexts, args.hbm_peak_tbs, torch.float16)
+    env["run_s"] = round(time.time() - start, 1)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    if args.plot:
+        plot(result, args.plot)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""GPU host only (issue 41): kernel_lens's own decode kernels compiled for the device, against
+float64 torch references on the decode model's shapes, bit-stable run to run (split-K partials
+and split-KV slices are added in a fixed order: no atomics), and through the ORT target bit for
+bit against the same kernels launched eagerly."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import kernel_lens as kl
+from kernel_lens.kernels import decode_attention, skinny_matmul
+from kernel_lens.kernels.skinny_gemm import GemmConfig
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _g(seed):
+    return torch.Generator(device="cuda").manual_seed(seed)
+
+
+@pytest.mark.parametrize("m", [1, 3, 8, 16])
+@pytest.mark.parametrize("cfg", [GemmConfig(64, 128, 1), GemmConfig(32, 256, 4), GemmConfig(64, 128, 2, dot=True)],
+                         ids=["plain", "split4", "dot_split2"])
+def test_skinny_matmul_on_the_gpu_equals_float64_and_repeats_its_bits(m, cfg):
+    n, k = 1024, 4096
+    w = (torch.randn(n, k, device="cuda", generator=_g(1)) / math.sqrt(k)).half()
+    x = torch.randn(m, k, device="cuda", generator=_g(2)).half()
+    bias = torch.randn(n, device="cuda", generator=_g(3)).half()
+    res = torch.randn(m, n, device="cuda", generator=_g(4)).half()
+    got = skinny_matmul(x, w.t(), bias, res, config=cfg)
+    want = x.double() @ w.double().t() + bias.double() + res.double()
+    cublas = (torch.nn.functional.linear(x, w, bias) + res).double()
+    # an fp16 result: within an fp16 ulp (plus fp32 accumulation noise) of the float64 value,
+    # and no further from it than cuBLAS's result plus one ulp
+    ulp = want.abs().clamp(min=2 ** -14) * 2 ** -10
+    assert ((got.double() - want).abs() <= ulp + 1e-4).all()
+    assert (got.double() - want).abs().max() <= (cublas - want).abs().max() + ulp.max()
+    for _ in range(3):
+        assert torch.equal(skinny_matmul(x, w.t(), bias, res, config=cfg), got)
+
+
+@pytest.mark.parametrize("b,s,splits", [(1, 256, 4), (8, 4096, 16), (3, 1000, 8)])
+def test_decode_attention_on_the_gpu_equals_float64_and_repeats_its_bits(b, s, splits):
+    hq, hkv, d = 32, 8, 128
+    q = torch.randn(b, hq, d, device="cuda", generator=_g(5)).half()
+    k = torch.randn(b, hkv, s, d, device="cuda", generator=_g(6)).half()
+    v = torch.randn(b, hkv, s, d, device="cuda", generator=_g(7)).half()
+    lengths = torch.randint(1, s + 1, (b,), device="cuda", generator=_g(8), dtype=torch.int32)
+    got = decode_attention(q, k, v, lengths, splits=splits)
+    kk, vv = k.double().repeat_interleave(hq // hkv, 1), v.double().repeat_interleave(hq // hkv, 1)
+    scores = torch.einsum("bhd,bhsd->bhs", q.double(), kk) / math.sqrt(d)
+    scores = scores.masked_fill(torch.arange(s, device="cuda")[None, None] >= lengths[:, None, None].long(),
+                                float("-inf"))
+    want = torch.einsum("bhs,bhsd->bhd", scores.softmax(-1), vv)
+    assert (got.double() - want).abs().max() <= 2e-3
+    for _ in range(3):
+        assert torch.equal(decode_attention(q, k, v, lengths, splits=splits), got)
+
+
+class _Step(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4096, 1024, generator=torch.Generator().manual_seed(9)).half()
+                                    / 32, requires_grad=False)
+
+    def forward(self, x, k, v, lengths):
+        h = skinny_matmul(x, self.w.t(), config=GemmConfig(block_n=64, block_k=256, split_k=2))
+        return decode_attention(h.view(x.shape[0], 32, 128), k, v, lengths, splits=8)
+
+
+def test_the_own_kernels_through_the_ort_target_equal_their_eager_launches_bit_for_bit():
+    model = _Step().cuda()
+    x = torch.randn(2, 1024, device="cuda", generator=_g(10)).half()
+    k = torch.randn(2, 8, 512, 128, device="cuda", generator=_g(11)).half()
+    v = torch.randn(2, 8, 512, 128, device="cuda", generator=_g(12)).half()
+    with torch.compiler.set_stance("force_eager"):
+        c = kl.compile(model, (x, k, v, torch.tensor([17, 512], dtype=torch.int32, device="cuda")),
+                       targets=["ort"])
+        for lens in ([17, 512], [1, 300], [512, 512]):
+            lengths = torch.tensor(lens, dtype=torch.int32, device="cuda")
+            got, want = c.run(x, k, v, lengths), model(x, k, v, lengths)
+            torch.cuda.synchronize()
+            assert torch.equal(got.view(torch.int16), want.view(torch.int16)), lens
+    print("own_kernels ort: bit-exact (max_abs_diff=0.0) over 3 calls")
