@@ -162,7 +162,9 @@ class MemoryModel:
         stride; torch's ``Max(1, size)`` in a stride is ``size`` (at size 0 nothing is stored)."""
         ranges = {n: (i.min, i.max) for n, i in {**self.ir.symbols, **self.ir.runtime_symbols}.items()}
         sizes = [parse(size, self.sym_names) for size in value.shape]
-        at_least_one = {sympy.Max(1, s): s for s in sizes} | {sympy.Max(s, 1): s for s in sizes}
+        # only for symbolic sizes: Max(1, 0) is the number 1, which must stay 1
+        at_least_one = {m: s for s in sizes if s.free_symbols
+                        for m in (sympy.Max(1, s), sympy.Max(s, 1))}
         expected = sympy.Integer(1)
         for s, stride in reversed(list(zip(sizes, value.strides))):
             if s == 1 or bounds(s, ranges) == (1, 1):
