@@ -1,18 +1,25 @@
-"""kernel_lens's own kernels (issue 41, started): the skinny GEMM and split-KV decode attention
-against torch references, run by Triton's interpreter on the CPU; both compile through the
-pipeline a user's kernels take (capture, trace, AOT for sm_90) and the compiled model equals
-eager. Their speed is not measured here (GPU host; not yet)."""
+"""kernel_lens's own kernels (issue 41): the skinny GEMM and split-KV decode attention against
+torch references, run by Triton's interpreter on the CPU; both compile through the pipeline a
+user's kernels take (capture, trace, AOT for sm_90) and the compiled model equals eager; and
+``optimize=2``, which puts the skinny GEMM in place of ``F.linear`` with <= 16 rows (the pieces
+it makes, what it leaves alone, bit-equality with the own kernels launched eagerly). Their speed
+is measured on the GPU host (benchmarks/bench_own_kernels.py, bench_decode.py)."""
 
 import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import kernel_lens as kl
+from kernel_lens.frontends.own_kernels import OwnLinear
 from kernel_lens.kernels import decode_attention, skinny_matmul
-from kernel_lens.kernels.skinny_gemm import GemmConfig
+from kernel_lens.kernels.skinny_gemm import MEASURED_SM90, GemmConfig, candidates, table_config
+from kernel_lens.kernels.skinny_gemm import linear as own_linear
+from kernel_lens.onnx.graph_passes import GraphPassManager, resolve
 
-from conftest import eager_on_cpu
+from conftest import EXAMPLES, eager_on_cpu, load_module
 
 
 def _g(seed):
@@ -98,3 +105,151 @@ def test_skinny_matmul_on_the_tensor_cores_pads_rows_to_16_and_equals_torch():
     got = eager_on_cpu(lambda *a: skinny_matmul(*a, config=cfg), (x, w, b, r))
     want = x.double() @ w.double() + b.double() + r.double()
     assert got.shape == (3, 40) and torch.allclose(got.double(), want, rtol=1e-4, atol=1e-3)
+
+
+# ----------------------------------------------------------------------------- optimize=2
+
+
+@triton.jit
+def _double_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    keep = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=keep) * 2, mask=keep)
+
+
+class _TwoLinears(torch.nn.Module):
+    """Two nn.Linear (one with a bias) around a user's Triton launch; fp16 unless told."""
+
+    def __init__(self, dtype=torch.float16):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = torch.nn.Linear(64, 96).to(dtype)
+        self.b = torch.nn.Linear(96, 48, bias=False).to(dtype)
+
+    def forward(self, x):
+        h = self.a(x)
+        out = torch.empty_like(h)
+        _double_kernel[(triton.cdiv(h.numel(), 256),)](h, out, h.numel(), BLOCK=256)
+        return self.b(out)
+
+
+def _own(graph):
+    return sorted(l for l in (k.name for k in graph.kernels.values()) if l.startswith("_skinny_gemm"))
+
+
+def _with_own_kernels(model, inputs):
+    """The reference for optimize=2: the forward with kernel_lens's own GEMM where it takes
+    F.linear (the same code the capture runs), its launches in Triton's interpreter."""
+    own = OwnLinear(90)
+    with own.active(model, tracing=False):
+        return eager_on_cpu(model, inputs)
+
+
+@pytest.fixture(scope="module")
+def o2_rows():
+    """x [b, 3, 64] with b in 1..12: rows = 3b, so b <= 5 is the own GEMM's piece."""
+    model = _TwoLinears()
+    b = torch.export.Dim("b", min=1, max=12)
+    return model, kl.compile(model, (torch.randn(2, 3, 64).half(),), optimize=2, arch=90,
+                             dynamic_shapes=({0: b},))
+
+
+def test_optimize_2_gives_the_small_rows_piece_the_own_gemm_and_the_rest_onnx_matmul(o2_rows):
+    model, c = o2_rows
+    assert "own_skinny_gemm" in c.ir.graph_passes
+    by_piece = {p.when[0].ranges["b"]: p.graph for p in c.ir.pieces}
+    assert sorted(by_piece) == [(1, 1), (2, 5), (6, 12)]  # 3 * 5 = 15 <= 16 < 18
+    assert all(len(_own(by_piece[r])) == 2 for r in [(1, 1), (2, 5)])
+    assert _own(by_piece[(6, 12)]) == []
+    for b in (1, 2, 5):  # bit for bit the own kernels launched eagerly, and near F.linear
+        x = torch.randn(b, 3, 64).half()
+        got = c.run(x.clone())
+        assert torch.equal(got, _with_own_kernels(model, (x,)))
+        ref = (2 * (x.double() @ model.a.weight.double().t() + model.a.bias.double())).half().double() \
+            @ model.b.weight.double().t()
+        assert (got.double() - ref).abs().max() <= 0.02
+    for b in (6, 12):
+        x = torch.randn(b, 3, 64).half()
+        torch.testing.assert_close(c.run(x.clone()), eager_on_cpu(model, (x,)), rtol=1e-3, atol=2e-3)
+
+
+def test_optimize_2_rows_within_16_over_the_whole_range_need_no_piece():
+    model = _TwoLinears()
+    b = torch.export.Dim("b", min=2, max=5)  # rows 6..15
+    c = kl.compile(model, (torch.randn(3, 3, 64).half(),), optimize=2, arch=90, dynamic_shapes=({0: b},))
+    assert not c.ir.pieces and len(_own(c.ir)) == 2
+    x = torch.randn(4, 3, 64).half()
+    assert torch.equal(c.run(x.clone()), _with_own_kernels(model, (x,)))
+
+
+def test_optimize_2_leaves_rows_from_two_sizes_over_a_wide_range_to_onnx_matmul():
+    """rows = b * s, both dynamic, up to 64: no one-size branch splits that; the capture took the
+    calls (4 rows at the example), the trace could not, so the forward is captured again with
+    F.linear left alone, and the compiled model is still right."""
+    model = _TwoLinears()
+    b, s = torch.export.Dim("b", min=2, max=8), torch.export.Dim("s", min=2, max=8)
+    c = kl.compile(model, (torch.randn(2, 2, 64).half(),), optimize=2, arch=90,
+                   dynamic_shapes=({0: b, 1: s},))
+    assert all(_own(g) == [] for g in c.ir.graphs())
+    x = torch.randn(3, 7, 64).half()
+    torch.testing.assert_close(c.run(x.clone()), eager_on_cpu(model, (x,)), rtol=1e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("how", ["float32", "function", "optimize_1"])
+def test_optimize_2_changes_nothing_it_does_not_take(how):
+    model = _TwoLinears(torch.float32 if how == "float32" else torch.float16)
+    x = torch.randn(2, 3, 64, dtype=torch.float32 if how == "float32" else torch.float16)
+    forward = (lambda t: model(t)) if how == "function" else model
+    c = kl.compile(forward, (x,), optimize=1 if how == "optimize_1" else 2, arch=90)
+    assert _own(c.ir) == [] and [l.kernel for l in c.ir.launches] == ["_double_kernel"]
+
+
+def test_optimize_2_on_the_decode_step_splits_the_batch_at_16():
+    """examples/llama_decode.py's step in fp16 with its dynamic batch 2..256: every Linear (q, k,
+    v, o, gate, up, down, lm head) runs the own GEMM for batch <= 16, ONNX MatMul above. (torch
+    made the guard on the hidden state's batch before it learned that the caches' batch is the
+    same size: the size branch is found in the declared symbol all the same.)"""
+    D = load_module(EXAMPLES / "llama_decode.py")
+    model = D.LlamaDecodeStep("tiny").half()
+    example = D.make_inputs(model, 2)
+    c = kl.compile(model, example, optimize=2, arch=90, dynamic_shapes=D.dynamic_shapes_for(2, model.n_layers),
+                   roles=D.roles)
+    small, large = (p.graph for p in c.ir.pieces)
+    assert [p.when[0].ranges["batch"] for p in c.ir.pieces] == [(2, 16), (17, 256)]
+    assert sum(l.kernel.startswith("_skinny_gemm") for l in small.launches) == 7 * model.n_layers + 1
+    assert _own(large) == []
+    inputs = D.make_inputs(model, 3)
+    got = c.run(*[t.clone() for t in inputs])  # its other ops by ONNX's reference evaluator:
+    torch.testing.assert_close(got, _with_own_kernels(model, inputs), rtol=1e-2, atol=2e-3)  # fp16
+
+
+def test_optimize_2_is_a_level_and_a_name_that_no_onnx_graph_pass_runs():
+    assert resolve(2) == ["fuse_sibling_matmuls", "gqa_without_expand", "own_skinny_gemm"]
+    assert "own_skinny_gemm" not in resolve(1) and resolve(["own_skinny_gemm"]) == ["own_skinny_gemm"]
+    assert GraphPassManager(["own_skinny_gemm"]).order() == []
+    with pytest.raises(kl.errors.InputError, match="own_skinny_gemm"):
+        resolve(["own_skinny_gem"])
+
+
+def test_the_config_table_and_its_rule():
+    assert table_config(4096, 11008) == MEASURED_SM90[(4096, 11008)]
+    assert table_config(64, 1024) == GemmConfig(block_n=32, block_k=256, split_k=4, dot=True)
+    assert table_config(9000, 4096).split_k == 1  # 282 programs of 32 columns: no split
+    assert table_config(8000, 4096).split_k == 4  # 250
+    assert table_config(64, 48) == GemmConfig(block_n=32, block_k=64, split_k=1, dot=True)
+    first = table_config(1024, 4096)
+    tried = candidates(first)
+    assert tried[0] == first and len(set(tried)) == len(tried) > 1
+    assert {c.split_k for c in tried} == {4} and all(c.dot for c in tried)
+
+
+@pytest.mark.parametrize("shape,n,k,bias", [((3, 1024), 64, 1024, True), ((2, 5, 96), 40, 96, False),
+                                            ((1, 1, 32), 33, 32, True)])
+def test_own_linear_equals_f_linear_in_float64(shape, n, k, bias):
+    x = torch.randn(*shape, generator=_g(20)).half()
+    w = (torch.randn(n, k, generator=_g(21)) / math.sqrt(k)).half()
+    b = torch.randn(n, generator=_g(22)).half() if bias else None
+    got = eager_on_cpu(lambda *a: own_linear(*a), (x, w, b))
+    want = x.double() @ w.double().t() + (b.double() if bias else 0)
+    assert got.shape == (*shape[:-1], n) and got.dtype == torch.float16
+    assert (got.double() - want).abs().max() <= want.abs().max() * 2 ** -10 + 1e-3

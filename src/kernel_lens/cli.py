@@ -107,8 +107,9 @@ def _front_half_args(p: argparse.ArgumentParser) -> None:
                         "instead of the file's dynamic_shapes; prints the ranges settled on")
     p.add_argument("--opt-level", type=int, default=None, metavar="N",
                    help="optimizations of the lowered ONNX graph: 0 none, 1 (default) fused "
-                        "sibling GEMMs and grouped-query attention without expanded K/V; "
-                        "the Triton launches are never changed")
+                        "sibling GEMMs and grouped-query attention without expanded K/V, 2 also "
+                        "kernel_lens's own skinny GEMM for nn.Linear with <= 16 rows (fp16/bf16; "
+                        "not bit-identical to cuBLAS); the user's Triton launches are never changed")
     p.add_argument("--ptx-version", default=None, help="lower PTX to this ISA version (e.g. 8.4)")
     p.add_argument("--cuda-version", default=None,
                    help="lower PTX to what this CUDA driver version accepts (e.g. 12.4)")

@@ -26,6 +26,7 @@ from .frontends.aot import compile_binary
 from .frontends.lift import lift_with_outputs
 from .ir import GraphIR
 from .onnx.graph_passes import resolve as resolve_graph_passes
+from .frontends.own_kernels import NAME as OWN_SKINNY_GEMM
 from .onnx.lower import supported
 from .passes import PassContext, PassManager, PassTiming, default_pipeline
 from .runtime.interpreted import InterpretedModel
@@ -395,7 +396,8 @@ def compile(model: Callable, example_inputs: Iterable[Any], *, dynamic_shapes: A
     ``targets`` (e.g. ``["ort"]``) are built into ``output_dir``. ``optimize`` chooses the
     optimizations of the lowered ONNX graph (:mod:`kernel_lens.onnx.graph_passes`): a level
     (``0``: none; ``1``, the default: fused sibling GEMMs, grouped-query attention without
-    expanded K/V) or a list of graph pass names; the user's Triton launches are never changed.
+    expanded K/V; ``2``: also kernel_lens's own skinny GEMM for ``F.linear`` with <= 16 rows)
+    or a list of graph pass names; the user's Triton launches are never changed.
     ``extra_examples`` (a list of input tuples like ``example_inputs``) trace the branches a
     forward takes on tensor VALUES for other inputs: the compiled model serves every branch an
     example took (ONNX ``If`` on the run-time condition) and refuses, naming the line, a call
@@ -422,7 +424,8 @@ def compile(model: Callable, example_inputs: Iterable[Any], *, dynamic_shapes: A
         get_target(name).preflight(stage)
     ir, outputs = lift_with_outputs(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes,
                                     arch=arch, roles=roles, autotune=autotune, dynamic=dynamic,
-                                    translatable=supported, extra_examples=extra_examples)
+                                    translatable=supported, extra_examples=extra_examples,
+                                    own_kernels=OWN_SKINNY_GEMM in graph_passes)
     check_autotune(autotune, ir)
     ir.graph_passes = graph_passes
     ir = pm.run(ir, pass_context(options), stop_after=stop_after, dump_after=dump_after, dump=dump)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import inspect
@@ -35,6 +36,7 @@ from .capture.recorder import CapturedLaunch, capture, kernel_name
 from .trace.decompose import decompose, needs_decomposition, tensor_args
 from . import arguments
 from . import value_branches
+from .own_kernels import OwnLinear
 from .trace import size_functions, size_pieces
 from .trace.shapes_check import check_dynamic_shapes, check_forward_takes, one_dim_per_name
 from .source import describe_kernel
@@ -822,7 +824,7 @@ def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes:
                       autotune: dict[str, dict] | None = None,
                       name: str | None = None, dynamic: bool = False,
                       translatable: Callable[[str], bool] | None = None,
-                      extra_examples: Any = None) -> tuple[GraphIR, Any]:
+                      extra_examples: Any = None, own_kernels: bool = False) -> tuple[GraphIR, Any]:
     """The front half (capture, trace, AOT compile) ending in GraphIR, and what the captured
     eager forward returned (:func:`kernel_lens.compiler.lift` is the public entry).
 
@@ -840,7 +842,10 @@ def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes:
     each; the capture runs for the first (the IR's ``arch``).
 
     ``extra_examples`` (a list of input tuples) are traced too; where they take other branches on
-    tensor values than the example, the result has ``branches`` (:mod:`.value_branches`)."""
+    tensor values than the example, the result has ``branches`` (:mod:`.value_branches`).
+
+    ``own_kernels=True`` (``optimize=2``) puts kernel_lens's own skinny GEMM in place of
+    ``F.linear`` calls with at most 16 rows (:mod:`.own_kernels`)."""
     example_inputs = check_example_inputs(example_inputs)
     if dynamic and dynamic_shapes is not None:
         raise InputError("pass either dynamic=True or dynamic_shapes, not both (dynamic=True "
@@ -860,7 +865,7 @@ def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes:
     def lift_one(inputs: tuple, shapes: Any) -> tuple[GraphIR, Any]:
         return _lift_graph(model, inputs, shapes, archs=archs, roles=roles, autotune=autotune,
                            display=display, dynamic=dynamic, translatable=translatable,
-                           needed=inputs is example_inputs)
+                           needed=inputs is example_inputs, own_kernels=own_kernels)
 
     names = input_names(model, len(example_inputs))
     example_inputs = tuple(example_inputs)  # the one object lift_one sees for the user's example
@@ -872,7 +877,7 @@ def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes:
     def traced_again(inputs: tuple, shapes: Any) -> GraphIR:  # the same, without binaries
         return _lift_graph(model, inputs, shapes, archs=archs, roles=roles, autotune=autotune,
                            display=display, dynamic=dynamic, translatable=translatable,
-                           binaries=False)[0]
+                           binaries=False, own_kernels=own_kernels)[0]
     native = any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
     ir = size_pieces.prove_ends(ir, traced_again, tuple(example_inputs), dynamic_shapes, names,
                                 size_pieces.PROOF_BUDGET_GPU if native else size_pieces.PROOF_BUDGET_CPU,
@@ -908,29 +913,51 @@ def input_names(model: Callable, count: int) -> list[str]:
             for i in range(count)]
 
 
-def _lift_graph(model: Callable, example_inputs: tuple, dynamic_shapes: Any, *,
-                archs: tuple[int, ...],
-                roles: dict, autotune: dict | None, display: str, dynamic: bool,
-                translatable: Callable[[str], bool] | None,
-                binaries: bool = True, needed: bool = False) -> tuple[GraphIR, Any]:
-    """Capture, trace and AOT-compile one graph (see :func:`lift_with_outputs`); with
-    ``binaries=False`` the kernels get no binaries (a graph traced only to be compared). It may
-    launch no kernel (a piece or a branch where the forward launches none) unless ``needed``
-    (the user's own example: said at once); the model as a whole must launch one
-    (:func:`lift_with_outputs`)."""
-    with progress.stage("capture"):  # the eager run that records the Triton launches
-        captured = capture(model, tuple(example_inputs), archs[0], autotune, launches_needed=needed)
+def _trace(model: Callable, example_inputs: tuple, dynamic_shapes: Any, captured: Any,
+           dynamic: bool, substituted: Callable[[bool], Any]) -> tuple[Any, list[TracedLaunch]]:
+    """torch.export of the forward; ``dynamic=True``: again with the dims a constexpr pins
+    made static."""
     while True:
         try:
-            with progress.stage("trace"):  # torch.export
-                program, traced = trace(model, tuple(example_inputs), dynamic_shapes,
-                                        captured.launches)
-            break
+            with progress.stage("trace"), substituted(True):  # torch.export
+                return trace(model, tuple(example_inputs), dynamic_shapes, captured.launches)
         except DynamicConstexprError as exc:  # dynamic=True: a constexpr pins these dims
             if not dynamic or not _make_static(model, dynamic_shapes, exc.dims):
                 raise
             log.info("dynamic=True: %s are static (a kernel constexpr depends on them)",
                      ", ".join(f"{n}.shape[{d}]" for n, d in exc.dims))
+
+
+def _lift_graph(model: Callable, example_inputs: tuple, dynamic_shapes: Any, *,
+                archs: tuple[int, ...],
+                roles: dict, autotune: dict | None, display: str, dynamic: bool,
+                translatable: Callable[[str], bool] | None,
+                binaries: bool = True, needed: bool = False,
+                own_kernels: bool = False) -> tuple[GraphIR, Any]:
+    """Capture, trace and AOT-compile one graph (see :func:`lift_with_outputs`); with
+    ``binaries=False`` the kernels get no binaries (a graph traced only to be compared). It may
+    launch no kernel (a piece or a branch where the forward launches none) unless ``needed``
+    (the user's own example: said at once); the model as a whole must launch one
+    (:func:`lift_with_outputs`)."""
+    own = OwnLinear(archs[0]) if own_kernels else None
+
+    def substituted(tracing: bool) -> Any:
+        return own.active(model, tracing) if own is not None else contextlib.nullcontext()
+
+    while True:
+        with progress.stage("capture"), substituted(False):  # the eager run recording the launches
+            captured = capture(model, tuple(example_inputs), archs[0], autotune, launches_needed=needed)
+        try:
+            program, traced = _trace(model, example_inputs, dynamic_shapes, captured, dynamic,
+                                     substituted)
+        except Exception:
+            if own is None or not own.mismatched:
+                raise
+        if own is None or not own.mismatched:
+            break
+        log.info("optimize=2: F.linear calls %s keep ONNX MatMul (the trace could not take them "
+                 "as the capture did); capturing again", sorted(own.mismatched))
+        own.excluded |= own.mismatched
     variant_launches, owners = guard_variants(captured.launches, traced)
     kernels, launch_kernels = build_kernels(captured.launches + [v for v, _ in variant_launches])
     variants: dict[int, list[tuple[dict[str, bool], str]]] = {}

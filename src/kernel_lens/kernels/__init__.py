@@ -2,9 +2,10 @@
 M <= 16 (:mod:`.skinny_gemm`) and split-KV decode attention (:mod:`.decode_attention`).
 
 They are plain ``@triton.jit`` kernels with torch launchers, so they go through the same
-capture, trace and AOT pipeline as a user's kernels. Work in progress: the graph pass that
-puts them in place of ONNX Runtime's MatMul and Attention is not written yet, and nothing here
-has been measured on a GPU.
+capture, trace and AOT pipeline as a user's kernels. ``optimize=2`` puts the skinny GEMM in
+place of ``F.linear`` with <= 16 rows (:mod:`kernel_lens.frontends.own_kernels`); nothing puts
+the decode attention in place of a model's attention yet. Measured alone on the H200:
+benchmarks/bench_own_kernels.py.
 """
 
 from .decode_attention import decode_attention

@@ -5,7 +5,9 @@ second kernel adds the partials in a fixed order (bit-stable run to run: no atom
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -100,3 +102,76 @@ def skinny_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = 
                                                   res.stride(0), y.stride(0), HAS_BIAS=has_bias,
                                                   HAS_RES=has_res, SPLIT_K=split, BLOCK=1024)
     return y
+
+
+# ----------------------------------------------------------------------------- F.linear at -O2
+
+#: Configs measured best on the H200 (sm_90, fp16, M 1 and 8; benchmarks/bench_own_kernels.py,
+#: 2026-12-05, benchmarks/own_kernels_results.json), by (N, K): the table a CPU-only host uses
+#: and the first candidate a GPU's autotuning starts from.
+MEASURED_SM90: dict[tuple[int, int], GemmConfig] = {
+    (4096, 4096): GemmConfig(block_n=128, block_k=256, split_k=4, dot=True),
+    (1024, 4096): GemmConfig(block_n=32, block_k=256, split_k=4, dot=True),
+    (11008, 4096): GemmConfig(block_n=32, block_k=256, split_k=1, dot=True),
+    (4096, 11008): GemmConfig(block_n=32, block_k=128, split_k=4, dot=True),
+    (32000, 4096): GemmConfig(block_n=64, block_k=256, split_k=1, dot=True),
+}
+
+
+def table_config(n: int, k: int) -> GemmConfig:
+    """The config for an [N, K] weight without a GPU to time it: the measured one, else the rule
+    the measurements follow (one program per 32 columns; split over K in 4 when that leaves
+    fewer than two programs per SM of an H100/H200 and K has room for it)."""
+    if (n, k) in MEASURED_SM90:
+        return MEASURED_SM90[(n, k)]
+    block_k = 256 if k >= 256 else max(triton.next_power_of_2(k), 16)
+    split = 4 if triton.cdiv(n, 32) < 264 and k >= 4 * block_k else 1
+    return GemmConfig(block_n=32, block_k=block_k, split_k=split, dot=True)
+
+
+def candidates(first: GemmConfig) -> list[GemmConfig]:
+    """What a GPU times for one weight: ``first`` (the table's), then the block sizes around it
+    (the split stays: it sizes the partial buffer and the second launch)."""
+    out = [first]
+    for block_n in (32, 64, 128):
+        for block_k in (128, 256):
+            c = GemmConfig(block_n=block_n, block_k=block_k, split_k=first.split_k, dot=True)
+            if c not in out and block_k <= max(first.block_k, 128):
+                out.append(c)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _tuner(first: GemmConfig) -> Any:
+    configs = [triton.Config({"BLOCK_N": c.block_n, "BLOCK_K": c.block_k}, num_warps=c.num_warps)
+               for c in candidates(first)]
+    return triton.autotune(configs=configs, key=["N", "K"])(_skinny_gemm)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` (``x @ weight.T + bias``) for x's rows (all dims but the
+    last, flattened) <= 16, on the tensor cores with fp32 accumulation. On a GPU the block sizes
+    are autotuned per (N, K, dtype) from :func:`table_config`'s; elsewhere the table's are used."""
+    K, N = x.shape[-1], weight.shape[0]
+    rows = x.reshape(-1, K)
+    M = rows.shape[0]
+    first = table_config(N, K)
+    split = first.split_k
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    part = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
+    w = weight.t()
+    has_bias = bias is not None
+    b = bias if has_bias else y
+    args = (rows, w, b, y, y, part, M, N, K, rows.stride(0), rows.stride(1), w.stride(0), w.stride(1),
+            y.stride(0), y.stride(0))
+    flags = dict(HAS_BIAS=has_bias, HAS_RES=False, BLOCK_M=16, SPLIT_K=split)
+    if x.is_cuda:
+        _tuner(first)[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), split)](*args, **flags)
+    else:
+        _skinny_gemm[(triton.cdiv(N, first.block_n), split)](
+            *args, **flags, BLOCK_N=first.block_n, BLOCK_K=first.block_k, num_warps=first.num_warps)
+    if split > 1:
+        _add_partials[(triton.cdiv(M * N, 1024),)](part, b, y, y, M, N, y.stride(0), y.stride(0),
+                                                  HAS_BIAS=has_bias, HAS_RES=False, SPLIT_K=split,
+                                                  BLOCK=1024)
+    return y.view(*x.shape[:-1], N)

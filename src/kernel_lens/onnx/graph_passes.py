@@ -30,6 +30,14 @@ are): a pass only re-spells standard ONNX ops around them.
   explicit ``[G*L, S]`` mask, more bytes than the K/V expand it replaces at prefill lengths; ORT's
   CUDA ``Attention`` has no grouped-query path of its own (its source throws for ``Hq != Hkv``;
   read, not tried on ORT 1.31.1).
+
+One optimization is made before the graph exists, while the forward is captured and traced, and
+is chosen here like the others (level 2, or by name):
+
+* ``own_skinny_gemm``: ``F.linear`` (every ``nn.Linear``) with at most 16 rows, fp16/bf16, runs
+  kernel_lens's own skinny GEMM (``kernel_lens.kernels.skinny_gemm``) instead of an ONNX MatMul:
+  its launches are in the IR like the user's (:mod:`kernel_lens.frontends.own_kernels`). Its
+  results are not bit-identical to cuBLAS's (another summation order).
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ log = logging.getLogger(__name__)
 LEVELS: dict[int, tuple[str, ...]] = {
     0: (),
     1: ("fuse_sibling_matmuls", "gqa_without_expand"),
+    2: ("fuse_sibling_matmuls", "gqa_without_expand", "own_skinny_gemm"),
 }
 DEFAULT_LEVEL = 1
 
@@ -372,6 +381,8 @@ class GqaWithoutExpand(GraphPass):
 
 
 PASSES: dict[str, type[GraphPass]] = {p.name: p for p in (FuseSiblingMatMuls, GqaWithoutExpand)}
+#: optimizations made in the front half (capture and trace), named and chosen like graph passes
+FRONT_END: tuple[str, ...] = ("own_skinny_gemm",)
 
 
 # ----------------------------------------------------------------------------- choosing, running
@@ -384,7 +395,7 @@ def resolve(optimize: int | Sequence[str] | None) -> list[str]:
         optimize = DEFAULT_LEVEL
     if isinstance(optimize, bool) or not isinstance(optimize, (int, list, tuple)):
         raise InputError(f"optimize={optimize!r}: give a level ({', '.join(map(str, LEVELS))}) or a "
-                         f"list of graph pass names ({', '.join(PASSES)})")
+                         f"list of graph pass names ({', '.join([*PASSES, *FRONT_END])})")
     if isinstance(optimize, int):
         if optimize not in LEVELS:
             raise InputError(f"optimize={optimize}: the levels are {', '.join(map(str, LEVELS))} "
@@ -392,9 +403,9 @@ def resolve(optimize: int | Sequence[str] | None) -> list[str]:
         return list(LEVELS[optimize])
     names = list(optimize)
     for name in names:
-        if name not in PASSES:
+        if name not in PASSES and name not in FRONT_END:
             raise InputError(f"optimize names graph pass {name!r}, which does not exist; graph passes: "
-                             f"{', '.join(PASSES)}")
+                             f"{', '.join([*PASSES, *FRONT_END])}")
     if len(set(names)) != len(names):
         raise InputError(f"optimize={names}: a graph pass is named twice")
     return names
@@ -434,7 +445,7 @@ class GraphPassManager(PassManager):
     (``dump(name, model)``) sees the model after each pass."""
 
     def __init__(self, names: Iterable[str]):
-        super().__init__([PASSES[n]() for n in resolve(list(names))])
+        super().__init__([PASSES[n]() for n in resolve(list(names)) if n in PASSES])
         self.graph_timings: list[GraphPassTiming] = []
 
     def run_on(self, model: oir.Model, *,

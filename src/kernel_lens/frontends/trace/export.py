@@ -614,8 +614,8 @@ def _size_branches(env: Any, declared: dict) -> list[SizeBranch]:
     failing guard is not of that kind (the range cannot be split on it)."""
     out: list[SizeBranch] = []
     for guard in env.guards:
-        expr = guard.expr
-        syms = sorted(expr.free_symbols, key=str)
+        expr = env.replace(guard.expr)  # in the declared symbols: a guard made before torch
+        syms = sorted(expr.free_symbols, key=str)  # learned two dims are one names the other
         vr = declared.get(syms[0]) if len(syms) == 1 else None
         if vr is None or not vr.upper.is_Integer:
             continue
