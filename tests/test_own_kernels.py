@@ -195,13 +195,38 @@ def test_optimize_2_leaves_rows_from_two_sizes_over_a_wide_range_to_onnx_matmul(
     torch.testing.assert_close(c.run(x.clone()), eager_on_cpu(model, (x,)), rtol=1e-3, atol=2e-3)
 
 
-@pytest.mark.parametrize("how", ["float32", "function", "optimize_1"])
+class _BroadcastBias(torch.nn.Module):
+    """F.linear by keyword, with a bias of one element (broadcast over N: not the own GEMM's)
+    or, ``full``, one per column (the own GEMM's)."""
+
+    def __init__(self, full=False):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(48, 64, generator=_g(30)).half(), requires_grad=False)
+        self.b = torch.nn.Parameter(torch.randn(48 if full else 1, generator=_g(31)).half(), requires_grad=False)
+
+    def forward(self, x):
+        out = torch.empty_like(x)
+        _double_kernel[(triton.cdiv(x.numel(), 256),)](x, out, x.numel(), BLOCK=256)
+        return torch.nn.functional.linear(input=out, weight=self.w, bias=self.b)
+
+
+@pytest.mark.parametrize("how", ["float32", "function", "optimize_1", "broadcast_bias"])
 def test_optimize_2_changes_nothing_it_does_not_take(how):
-    model = _TwoLinears(torch.float32 if how == "float32" else torch.float16)
+    model = _BroadcastBias() if how == "broadcast_bias" else \
+        _TwoLinears(torch.float32 if how == "float32" else torch.float16)
     x = torch.randn(2, 3, 64, dtype=torch.float32 if how == "float32" else torch.float16)
     forward = (lambda t: model(t)) if how == "function" else model
     c = kl.compile(forward, (x,), optimize=1 if how == "optimize_1" else 2, arch=90)
     assert _own(c.ir) == [] and [l.kernel for l in c.ir.launches] == ["_double_kernel"]
+    if how == "broadcast_bias":
+        torch.testing.assert_close(c.run(x.clone()), eager_on_cpu(model, (x,)), rtol=1e-3, atol=2e-3)
+
+
+def test_optimize_2_takes_f_linear_called_by_keyword():
+    model, x = _BroadcastBias(full=True), torch.randn(2, 3, 64).half()
+    c = kl.compile(model, (x,), optimize=2, arch=90)
+    assert len(_own(c.ir)) == 1
+    assert torch.equal(c.run(x.clone()), _with_own_kernels(model, (x,)))
 
 
 def test_optimize_2_on_the_decode_step_splits_the_batch_at_16():

@@ -72,7 +72,8 @@ class OwnLinear:
             del model.forward
 
     def _linear(self, original: Any) -> Any:
-        def linear(x: Any, weight: Any, bias: Any = None) -> Any:
+        def linear(input: Any, weight: Any, bias: Any = None) -> Any:  # F.linear's names
+            x = input
             site, self._site = self._site, self._site + 1
             if self._tracing:  # only what the capture took, where the trace can take it too
                 take = self.taken.get(site, False) and self._fits(x, weight, bias) \
@@ -94,7 +95,8 @@ class OwnLinear:
         if not all(isinstance(d, int) for d in weight.shape) or x.device != weight.device:
             return False
         if bias is not None and (not isinstance(bias, torch.Tensor) or bias.dtype != x.dtype
-                                 or bias.dim() != 1 or bias.device != x.device):
+                                 or tuple(bias.shape) != (weight.shape[0],)
+                                 or bias.device != x.device):  # a broadcast bias is MatMul's
             return False
         return isinstance(x.shape[-1], int) and x.shape[-1] == weight.shape[1]
 
