@@ -52,6 +52,7 @@ never baked from the capture sizes.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from importlib.metadata import version as dist_version
 from pathlib import Path
@@ -563,7 +564,24 @@ def lower_graph(ir: GraphIR, *, opset: int = MIN_OPSET, mutated_inputs: bool = T
     lowering = Lowering(ir, opset, mutated_inputs, launch_offset)
     model = _unchecked(widen_fp8_expands(optimize(lowering.run(), graph_passes)))
     check_ops(model, lowering.origin)
+    check_types(model, lowering.origin)
     return model
+
+
+def check_types(model: onnx.ModelProto, origin: dict[str, str] | None = None) -> None:
+    """Every standard node's input types are ones its schema takes (onnx's type inference, strict):
+    otherwise ``UnsupportedKernelError`` naming the node and the ATen op that produced it. ONNX's
+    reference evaluator, which the CPU tests run, accepts some such graphs (int32 indices of
+    ``GatherND``) that ONNX Runtime refuses to load."""
+    try:
+        onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    except onnx.shape_inference.InferenceError as exc:
+        text = str(exc)
+        node = re.search(r"node name: ([^)]*)\)", text)
+        made_by = (origin or {}).get(node.group(1)) if node else None
+        raise UnsupportedKernelError(
+            f"the lowered ONNX graph is not well typed{f' (from torch op {made_by})' if made_by else ''}: "
+            f"{text.strip()[:400]}; ONNX Runtime would refuse to load it") from exc
 
 
 def _unchecked(model: onnx.ModelProto) -> onnx.ModelProto:

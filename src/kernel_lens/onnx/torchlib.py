@@ -128,6 +128,9 @@ class _Call:
         ctx = self.ctx
         if isinstance(arg, ValueArg):
             v = ctx.value_of(arg)
+            if kind == "List[Optional[Tensor]]" and v.dtype == DType.i32:  # an index list (aten.index,
+                # index_put): torch takes int32 indices, ONNX's GatherND/ScatterND int64 only
+                return self.value(ctx.cast(ctx.tensor(arg), DType.i32, DType.i64), DType.i64, v.shape)
             return self.value(ctx.tensor(arg), v.dtype, v.shape)
         if isinstance(arg, SymArg):
             e = ctx.expr(arg.sym)
