@@ -105,6 +105,9 @@ def test_skinny_matmul_on_the_tensor_cores_pads_rows_to_16_and_equals_torch():
     got = eager_on_cpu(lambda *a: skinny_matmul(*a, config=cfg), (x, w, b, r))
     want = x.double() @ w.double() + b.double() + r.double()
     assert got.shape == (3, 40) and torch.allclose(got.double(), want, rtol=1e-4, atol=1e-3)
+    from kernel_lens.frontends.capture.recorder import capture  # the rows the binary is built for:
+    launch = capture(lambda *a: skinny_matmul(*a, config=cfg), (x, w, b, r), 90).launches[0]
+    assert launch.params["BLOCK_M"] == 16  # tl.dot takes no fewer on a GPU
 
 
 # ----------------------------------------------------------------------------- optimize=2
