@@ -30,7 +30,7 @@ from onnx import helper
 import kernel_lens as kl
 from kernel_lens.errors import UnsupportedKernelError
 from kernel_lens.onnx import DOMAIN, lower_to_onnx
-from kernel_lens.onnx.lower import MIN_OPSET, Lowering, check_ops
+from kernel_lens.onnx.lower import MIN_OPSET, Lowering, check_ops, check_types
 from kernel_lens.targets.ort.target import OPSET as ORT_OPSET
 from kernel_lens.targets.trt.target import trt_onnx
 
@@ -277,3 +277,25 @@ def test_every_torchlib_function_is_inlinable_at_the_targets_opsets(opset):
             assert {o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")} == {opset}, fn.name
             names.add(fn.name)
     assert FUNCTION_OPS <= names
+
+
+def test_check_types_refuses_int32_gathernd_indices_and_reads_no_weight_data(monkeypatch):
+    """What ORT refuses at load (GatherND indices must be int64) is refused at compile time; the
+    check serializes initializer types and dims only (a model past 2 GB could not be)."""
+    big = helper.make_tensor("w", onnx.TensorProto.FLOAT, [512, 512], np.zeros(512 * 512, np.float32).tobytes(),
+                             raw=True)
+    def model(index_type):
+        g = helper.make_graph([helper.make_node("GatherND", ["w", "i"], ["y"], name="gather")], "g",
+                              [helper.make_tensor_value_info("i", index_type, [2, 1])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], [big])
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", MIN_OPSET)])
+    ok = model(onnx.TensorProto.INT64)
+    check_types(ok)
+    assert ok.graph.initializer[0].raw_data  # the model itself keeps its weights
+    with pytest.raises(UnsupportedKernelError, match="gather.*int32"):
+        check_types(model(onnx.TensorProto.INT32))
+    real, seen = onnx.shape_inference.infer_shapes, []
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes",
+                        lambda m, **kw: seen.append(m.ByteSize()) or real(m, **kw))
+    check_types(ok)
+    assert seen and seen[0] < 10_000 < ok.ByteSize()
