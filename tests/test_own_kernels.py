@@ -5,10 +5,12 @@ user's kernels take (capture, trace, AOT for sm_90) and the compiled model equal
 it makes, what it leaves alone, bit-equality with the own kernels launched eagerly). Their speed
 is measured on the GPU host (benchmarks/bench_own_kernels.py, bench_decode.py)."""
 
+import logging
 import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -144,6 +146,9 @@ def _with_own_kernels(model, inputs):
     """The reference for optimize=2: the forward with kernel_lens's own GEMM where it takes
     F.linear (the same code the capture runs), its launches in Triton's interpreter."""
     own = OwnLinear(90)
+    with own.active(model, tracing=False):  # the first capture
+        eager_on_cpu(model, [t.clone() for t in inputs])
+    own.plan()  # siblings fused, as the capture after it runs them
     with own.active(model, tracing=False):
         return eager_on_cpu(model, inputs)
 
@@ -234,7 +239,8 @@ def test_optimize_2_takes_f_linear_called_by_keyword():
 
 def test_optimize_2_on_the_decode_step_splits_the_batch_at_16():
     """examples/llama_decode.py's step in fp16 with its dynamic batch 2..256: every Linear (q, k,
-    v, o, gate, up, down, lm head) runs the own GEMM for batch <= 16, ONNX MatMul above. (torch
+    v, o, gate, up, down, lm head) runs the own GEMM for batch <= 16 (q/k/v as one, gate/up as
+    one), ONNX MatMul above. (torch
     made the guard on the hidden state's batch before it learned that the caches' batch is the
     same size: the size branch is found in the declared symbol all the same.)"""
     D = load_module(EXAMPLES / "llama_decode.py")
@@ -244,7 +250,8 @@ def test_optimize_2_on_the_decode_step_splits_the_batch_at_16():
                    roles=D.roles)
     small, large = (p.graph for p in c.ir.pieces)
     assert [p.when[0].ranges["batch"] for p in c.ir.pieces] == [(2, 16), (17, 256)]
-    assert sum(l.kernel.startswith("_skinny_gemm") for l in small.launches) == 7 * model.n_layers + 1
+    # q/k/v and gate/up fused: 4 GEMMs a layer, and the lm head
+    assert sum(l.kernel.startswith("_skinny_gemm") for l in small.launches) == 4 * model.n_layers + 1
     assert _own(large) == []
     inputs = D.make_inputs(model, 3)
     got = c.run(*[t.clone() for t in inputs])  # its other ops by ONNX's reference evaluator:
@@ -266,9 +273,12 @@ def test_the_config_table_and_its_rule():
     assert table_config(8000, 4096).split_k == 4  # 250
     assert table_config(64, 48) == GemmConfig(block_n=32, block_k=64, split_k=1, dot=True)
     first = table_config(1024, 4096)
-    tried = candidates(first)
+    tried = candidates(first, 4096)
     assert tried[0] == first and len(set(tried)) == len(tried) > 1
-    assert {c.split_k for c in tried} == {4} and all(c.dot for c in tried)
+    assert {c.split_k for c in tried} == {1, 2, 4} and all(c.dot for c in tried)
+    # a split only where each part keeps a whole block of K
+    assert {(c.split_k, c.block_k) for c in candidates(table_config(64, 384), 384)} <= {(1, 128), (1, 256), (2, 128)}
+    assert GemmConfig(32, 128, 2, dot=True) in candidates(table_config(64, 384), 384)
 
 
 @pytest.mark.parametrize("shape,n,k,bias", [((3, 1024), 64, 1024, True), ((2, 5, 96), 40, 96, False),
@@ -281,3 +291,111 @@ def test_own_linear_equals_f_linear_in_float64(shape, n, k, bias):
     want = x.double() @ w.double().t() + (b.double() if bias else 0)
     assert got.shape == (*shape[:-1], n) and got.dtype == torch.float16
     assert (got.double() - want).abs().max() <= want.abs().max() * 2 ** -10 + 1e-3
+
+
+# ----------------------------------------------------------------------------- siblings, segments
+
+
+@pytest.mark.parametrize("split", [1, 2])
+def test_skinny_matmul_writes_each_segment_as_its_own_contiguous_tensor(split):
+    """q/k/v in one GEMM: each segment is a contiguous [M, width] tensor (one buffer, the
+    segments one after another), bit-equal to the same columns of the unsegmented result."""
+    x = torch.randn(3, 256, generator=_g(40)).half()
+    w = (torch.randn(256, 37, generator=_g(41)) / 16).half()
+    b = torch.randn(37, generator=_g(42)).half()
+    cfg = GemmConfig(block_n=16, block_k=64, split_k=split, dot=True)
+    parts = eager_on_cpu(lambda *a: skinny_matmul(*a, config=cfg, segments=(10, 20, 7)), (x, w, b))
+    whole = eager_on_cpu(lambda *a: skinny_matmul(*a, config=cfg), (x, w, b))
+    assert [tuple(p.shape) for p in parts] == [(3, 10), (3, 20), (3, 7)]
+    assert all(p.is_contiguous() for p in parts)
+    assert [p.storage_offset() for p in parts] == [0, 30, 90]
+    for p, cols in zip(parts, ((0, 10), (10, 30), (30, 37))):
+        assert torch.equal(p, whole[:, cols[0]:cols[1]])
+
+
+def test_skinny_matmul_refuses_segments_that_do_not_add_up():
+    x, w = torch.randn(2, 8), torch.randn(8, 12)
+    for bad in [(5, 5), (4, 4, 2, 2), (12, 0)]:
+        with pytest.raises(ValueError, match="segments"):
+            skinny_matmul(x, w, segments=bad)
+
+
+class _Siblings(torch.nn.Module):
+    """q/k/v (with biases) and gate/up (without) on one input; two calls on an input written in
+    place between them; a weight computed in the forward, twice."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        lin = lambda n, bias=True: torch.nn.Linear(64, n, bias=bias).half()  # noqa: E731
+        self.q, self.k, self.v, self.g, self.u = lin(32), lin(16), lin(16), lin(40, False), lin(40, False)
+        self.a, self.b = lin(24, False), lin(24, False)
+        self.w = torch.nn.Parameter(torch.randn(8, 64).half(), requires_grad=False)
+
+    def forward(self, x):
+        h = torch.empty_like(x)
+        _double_kernel[(triton.cdiv(x.numel(), 256),)](x, h, x.numel(), BLOCK=256)
+        q, k, v = self.q(h), self.k(h), self.v(h)
+        g, u = self.g(h), self.u(h)
+        e = h.clone()
+        a = self.a(e)
+        e.mul_(2)  # b must see the written e: not a's sibling
+        b = self.b(e)
+        w = self.w * 2  # not the model's weight: no sibling of anything
+        c, d = F.linear(h, w), F.linear(h, w)
+        return q, k, v, g * u, a, b, c + d
+
+
+def test_optimize_2_runs_sibling_calls_on_one_input_as_one_gemm():
+    model, x = _Siblings(), torch.randn(2, 3, 64).half()
+    c = kl.compile(model, (x,), optimize=2, arch=90)
+    gemms = [l for l in c.ir.launches if l.kernel.startswith("_skinny_gemm")]
+    assert len(gemms) == 6  # q/k/v, g/u, a, b, and each F.linear(h, w)
+    weights = {c.ir.values[a.value].shape[1] for l in gemms for a in l.args if a.name == "w_ptr"}
+    assert {64, 80} <= {int(n) for n in weights}  # the concatenated [64, 32+16+16] and [64, 40+40]
+    got = c.run(x.clone())
+    assert all(torch.equal(a, b) for a, b in zip(got, _with_own_kernels(model, (x,))))
+    plain = eager_on_cpu(model, (x,))  # F.linear itself: the segments hold the right columns
+    for a, b in zip(got, plain):
+        torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-3)
+
+
+class _SiblingOnlyEager(torch.nn.Module):
+    """k's input is q's in the eager run, a copy of it under torch.export: the group the capture
+    planned is found broken in the trace, and the calls run unfused."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(4)
+        self.q, self.k = torch.nn.Linear(64, 32).half(), torch.nn.Linear(64, 16).half()
+
+    def forward(self, x):
+        h = torch.empty_like(x)
+        _double_kernel[(triton.cdiv(x.numel(), 256),)](x, h, x.numel(), BLOCK=256)
+        return self.q(h), self.k(h.clone() if torch.compiler.is_exporting() else h)
+
+
+def test_optimize_2_a_group_the_trace_does_not_see_runs_unfused(caplog):
+    model, x = _SiblingOnlyEager(), torch.randn(2, 3, 64).half()
+    with caplog.at_level(logging.INFO, logger="kernel_lens.frontends.lift"):
+        c = kl.compile(model, (x,), optimize=2, arch=90)
+    assert "the sibling calls grouped at [0] run unfused; capturing again" in caplog.text
+    gemms = [l for l in c.ir.launches if l.kernel.startswith("_skinny_gemm")]
+    assert len(gemms) == 2
+    for a, b in zip(c.run(x.clone()), eager_on_cpu(model, (x,))):
+        torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-3)
+
+
+def test_plan_asks_for_another_capture_only_for_groups_and_only_once():
+    model, x = _Siblings(), torch.randn(2, 3, 64).half()
+    own = OwnLinear(90)
+    with own.active(model, tracing=False):
+        eager_on_cpu(model, (x,))
+    assert own.plan() is True and sorted(g.sites for g in own.groups.values()) == [(0, 1, 2), (3, 4)]
+    assert own.plan() is False
+    alone = OwnLinear(90)
+    model2 = _TwoLinears()
+    with alone.active(model2, tracing=False):
+        eager_on_cpu(model2, (x,))
+    assert alone.plan() is False and alone.groups == {}  # on a CPU host the table's configs
+    assert not hasattr(model, "_kl_own_linear_0")  # the buffer is the model's only while active

@@ -60,6 +60,26 @@ def test_decode_attention_on_the_gpu_equals_float64_and_repeats_its_bits(b, s, s
         assert torch.equal(decode_attention(q, k, v, lengths, splits=splits), got)
 
 
+@pytest.mark.parametrize("n,k", [(6144, 4096), (22016, 4096), (4096, 11008)])
+def test_tuned_configs_with_segments_equal_float64_and_repeat_their_bits(n, k):
+    """The config :func:`tune` picks on this GPU for the decode model's fused q/k/v, gate/up and
+    down weights, with the segments a fused call writes: each within an fp16 ulp of float64."""
+    from kernel_lens.kernels.skinny_gemm import candidates, table_config, tune
+
+    w = (torch.randn(n, k, device="cuda", generator=_g(13)) / math.sqrt(k)).half()
+    x = torch.randn(8, k, device="cuda", generator=_g(14)).half()
+    cfg = tune(8, w)
+    assert cfg in candidates(table_config(n, k), k)
+    segments = (n // 2, n // 4, n - n // 2 - n // 4)
+    parts = skinny_matmul(x, w.t(), config=cfg, segments=segments)
+    want = x.double() @ w.double().t()
+    got = torch.cat(parts, dim=1).double()
+    ulp = want.abs().clamp(min=2 ** -14) * 2 ** -10
+    assert ((got - want).abs() <= ulp + 1e-4).all()
+    assert all(torch.equal(a, b) for a, b in zip(skinny_matmul(x, w.t(), config=cfg, segments=segments), parts))
+    print(f"own_kernels tuned n={n} k={k}: {cfg}")
+
+
 class _Step(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -100,7 +120,8 @@ def test_optimize_2_decode_step_through_ort_matches_eager_greedy_and_repeats_its
     c = kl.compile(model, example, dynamic_shapes=D.dynamic_shapes_for(2, model.n_layers),
                    roles=D.roles, targets=["ort"], optimize=2)
     small = c.ir.pieces[0].graph
-    assert sum(l.kernel.startswith("_skinny_gemm") for l in small.launches) == 7 * model.n_layers + 1
+    # q/k/v and gate/up fused (4 a layer), the lm head; configs timed on this GPU
+    assert sum(l.kernel.startswith("_skinny_gemm") for l in small.launches) == 4 * model.n_layers + 1
     for batch in (3, 20):
         prompt = torch.randint(0, model.config.vocab_size, (batch, 4),
                                generator=torch.Generator().manual_seed(batch)).cuda()

@@ -947,6 +947,10 @@ def _lift_graph(model: Callable, example_inputs: tuple, dynamic_shapes: Any, *,
     while True:
         with progress.stage("capture"), substituted(False):  # the eager run recording the launches
             captured = capture(model, tuple(example_inputs), archs[0], autotune, launches_needed=needed)
+        if own is not None and (own.mismatched or own.plan()):  # optimize=2: see own_kernels
+            if own.mismatched:
+                log.info("optimize=2: %s; capturing again", own.retry())
+            continue
         try:
             program, traced = _trace(model, example_inputs, dynamic_shapes, captured, dynamic,
                                      substituted)
@@ -955,9 +959,7 @@ def _lift_graph(model: Callable, example_inputs: tuple, dynamic_shapes: Any, *,
                 raise
         if own is None or not own.mismatched:
             break
-        log.info("optimize=2: F.linear calls %s keep ONNX MatMul (the trace could not take them "
-                 "as the capture did); capturing again", sorted(own.mismatched))
-        own.excluded |= own.mismatched
+        log.info("optimize=2: %s; capturing again", own.retry())
     variant_launches, owners = guard_variants(captured.launches, traced)
     kernels, launch_kernels = build_kernels(captured.launches + [v for v, _ in variant_launches])
     variants: dict[int, list[tuple[dict[str, bool], str]]] = {}

@@ -13,19 +13,36 @@ is split into pieces (:mod:`.trace.size_pieces`) and only the small-rows piece g
 kernel. A call the trace cannot take as the capture took it (rows from several sizes over a
 range wider than 16, or from tensor values) is left to ``F.linear`` in both, and the forward is
 captured again. The user's Triton launches are never changed.
+
+After the first capture (:meth:`OwnLinear.plan`):
+
+* **Siblings are fused.** Taken calls on one input tensor (the same object, not written in
+  between: q/k/v of attention, gate/up of a gated MLP) whose weights (and biases, all or none)
+  are the model's parameters or buffers run as one GEMM (up to 3 calls) over the weights
+  concatenated along N (a buffer the model holds while the compile runs, so the graph has it
+  as a weight); the kernel writes each call's result as its own contiguous tensor (segments of
+  one buffer: no split, no copy). Every output column is computed as the call alone would
+  compute it with the same config.
+* **Configs are timed** on a GPU (:func:`kernel_lens.kernels.skinny_gemm.tune`: block sizes
+  and the split over K, its second launch included); elsewhere they come from the table.
+
+The forward is then captured again with both; any call that does not find its sibling's input
+unchanged in that capture or in the trace breaks its group, and the forward is captured again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
 
-from ..kernels.skinny_gemm import MAX_ROWS, linear as own_linear
+from ..kernels.skinny_gemm import MAX_ROWS, GemmConfig, linear as own_linear, table_config, tune
 from .capture.patching import patched
 
 log = logging.getLogger(__name__)
@@ -34,21 +51,55 @@ NAME = "own_skinny_gemm"  # the graph-pass name (kernel_lens.onnx.graph_passes.F
 _DTYPES = (torch.float16, torch.bfloat16)
 
 
+@dataclass
+class _Site:
+    """What the capture saw at one ``F.linear`` call."""
+
+    take: bool
+    x: Any = None  # the input (held until the next capture: identity within one call)
+    version: int = 0
+    weight: str | None = None  # the model's parameter or buffer, by name (None: not one)
+    bias: str | None = None
+    weight_tensor: Any = None
+    bias_tensor: Any = None
+
+
+@dataclass
+class _Group:
+    """Sibling calls run as one GEMM (see the module docstring)."""
+
+    sites: tuple[int, ...]
+    sizes: tuple[int, ...]  # each call's N
+    weights: tuple[str, ...]  # each call's weight and bias names (what the trace checks)
+    biases: tuple[str | None, ...]
+    buffer: str  # the concatenated weight (and ``buffer + "_bias"``), held by the model
+
+
 class OwnLinear:
     """``F.linear`` replaced while :meth:`active`; call sites are counted in call order."""
 
     def __init__(self, arch: int):
         self.arch = arch
         self.excluded: set[int] = set()  # sites left to F.linear (the trace could not take them)
-        self.taken: dict[int, bool] = {}  # the capture's decision per site
-        self.mismatched: set[int] = set()  # sites the trace decided otherwise
+        self.sites: dict[int, _Site] = {}  # the last capture's record per site
+        self.mismatched: set[int] = set()  # sites the trace (or capture) decided otherwise
+        self.groups: dict[int, _Group] = {}  # by first site
+        self.configs: dict[tuple, GemmConfig] = {}  # by (N, K, bias): timed on a GPU
+        self._fused: dict[str, torch.Tensor] = {}  # buffer name -> concatenated weight/bias
+        self._planned = False
         self._tracing = False
         self._site = 0
+        self._names: dict[int, str] = {}
+        self._pending: dict[int, tuple] = {}  # site -> (x, version, result) from its group's GEMM
+
+    @property
+    def taken(self) -> dict[int, bool]:
+        return {s: r.take for s, r in self.sites.items()}
 
     @contextlib.contextmanager
     def active(self, model: Any, tracing: bool) -> Iterator["OwnLinear"]:
         """``F.linear`` replaced; sites are counted from 0 in each call of ``model``'s forward
-        (torch.export may run it more than once)."""
+        (torch.export may run it more than once); the groups' weights are the model's buffers."""
         if not isinstance(model, torch.nn.Module) or "forward" in model.__dict__:
             log.info("optimize=2: %s is not a torch.nn.Module with its class's forward; "
                      "F.linear is left as it is", type(model).__name__)
@@ -57,34 +108,140 @@ class OwnLinear:
         self._tracing = tracing
         if tracing:
             self.mismatched = set()
+        else:
+            self.sites = {}
         forward = model.forward
 
         @functools.wraps(forward)  # the forward's signature, which torch.export reads
         def counted(*args: Any, **kwargs: Any) -> Any:
-            self._site = 0
+            self._site, self._pending = 0, {}
+            self._names = {id(t): n for n, t in itertools.chain(
+                model.named_parameters(remove_duplicate=False), model.named_buffers(remove_duplicate=False))}
+            self._model = model
             return forward(*args, **kwargs)
 
         model.forward = counted
+        for name, tensor in self._fused.items():
+            model.register_buffer(name, tensor, persistent=False)
         try:
             with patched(F, "linear", self._linear(F.linear)):
                 yield self
         finally:
             del model.forward
+            for name in self._fused:
+                delattr(model, name)
+            self._pending, self._model = {}, None
 
     def _linear(self, original: Any) -> Any:
         def linear(input: Any, weight: Any, bias: Any = None) -> Any:  # F.linear's names
             x = input
             site, self._site = self._site, self._site + 1
+            if site in self._pending:
+                return self._sibling(site, x, weight, bias, original)
             if self._tracing:  # only what the capture took, where the trace can take it too
-                take = self.taken.get(site, False) and self._fits(x, weight, bias) \
-                    and self._rows_take(x, site)
-                if take != self.taken.get(site, False):
+                was = site in self.sites and self.sites[site].take
+                take = was and self._fits(x, weight, bias) and self._rows_take(x, site)
+                if take != was:
                     self.mismatched.add(site)
             else:
                 take = site not in self.excluded and self._fits(x, weight, bias) and _rows_fit(x)
-                self.taken[site] = take
-            return own_linear(x, weight, bias) if take else original(x, weight, bias)
+                self.sites[site] = _Site(take, x, x._version, self._names.get(id(weight)),
+                                         None if bias is None else self._names.get(id(bias)),
+                                         weight, bias)
+            if not take:
+                return original(x, weight, bias)
+            group = self.groups.get(site)
+            if group is None:
+                return own_linear(x, weight, bias, self._config(weight, bias))
+            if (self._names.get(id(weight)), None if bias is None else self._names.get(id(bias))) \
+                    != (group.weights[0], group.biases[0]):
+                self.mismatched.add(site)
+                return own_linear(x, weight, bias, self._config(weight, bias))
+            fused_w = self._model.get_buffer(group.buffer)
+            fused_b = self._model.get_buffer(group.buffer + "_bias") if group.biases[0] else None
+            parts = own_linear(x, fused_w, fused_b, self._config(fused_w, fused_b), segments=group.sizes)
+            for s, part in zip(group.sites[1:], parts[1:]):
+                self._pending[s] = (x, x._version, part, group)
+            return parts[0]
         return linear
+
+    def _sibling(self, site: int, x: Any, weight: Any, bias: Any, original: Any) -> Any:
+        """A group member's call: its share of the group's GEMM, if its input is the first
+        call's, unwritten, and its weight the one planned."""
+        first_x, version, part, group = self._pending.pop(site)
+        i = group.sites.index(site)
+        if not self._tracing:
+            self.sites[site] = _Site(True, x, x._version, self._names.get(id(weight)),
+                                     None if bias is None else self._names.get(id(bias)), weight, bias)
+        same = x is first_x and x._version == version and (
+            self._names.get(id(weight)), None if bias is None else self._names.get(id(bias))) \
+            == (group.weights[i], group.biases[i])
+        if same:
+            return part
+        self.mismatched.add(site)
+        return own_linear(x, weight, bias, self._config(weight, bias)) \
+            if self._fits(x, weight, bias) and _rows_fit(x) else original(x, weight, bias)
+
+    def _config(self, weight: Any, bias: Any) -> GemmConfig:
+        n, k = int(weight.shape[0]), int(weight.shape[1])
+        return self.configs.get((n, k, bias is not None)) or table_config(n, k)
+
+    # ------------------------------------------------------------------ between captures
+    def plan(self) -> bool:
+        """After the first capture: sibling groups and timed configs (see the module
+        docstring). True when the next capture must run with them."""
+        if self._planned:
+            return False
+        self._planned = True
+        by_input: dict[tuple, list[int]] = {}
+        for site, r in sorted(self.sites.items()):
+            if r.take and r.weight is not None and (r.bias_tensor is None or r.bias is not None):
+                key = (id(r.x), r.version, r.bias_tensor is not None)
+                by_input.setdefault(key, []).append(site)
+        chunks = [sites[i:i + 3] for sites in by_input.values() for i in range(0, len(sites), 3)]
+        for sites in chunks:  # at most 3 a GEMM (its output segments)
+            if len(sites) < 2:
+                continue
+            rs = [self.sites[s] for s in sites]
+            name = f"_kl_own_linear_{sites[0]}"
+            self._fused[name] = torch.cat([r.weight_tensor.detach() for r in rs])
+            if rs[0].bias_tensor is not None:
+                self._fused[name + "_bias"] = torch.cat([r.bias_tensor.detach() for r in rs])
+            self.groups[sites[0]] = _Group(tuple(sites), tuple(int(r.weight_tensor.shape[0]) for r in rs),
+                                           tuple(r.weight for r in rs), tuple(r.bias for r in rs), name)
+        weights = [(r.weight_tensor, r.bias_tensor, r.x) for s, r in sorted(self.sites.items())
+                   if r.take and not any(s in g.sites for g in self.groups.values())]
+        weights += [(self._fused[g.buffer], self._fused.get(g.buffer + "_bias"), self.sites[first].x)
+                     for first, g in self.groups.items()]
+        for w, b, x in weights:
+            key = (int(w.shape[0]), int(w.shape[1]), b is not None)
+            if key not in self.configs:
+                self.configs[key] = tune(int(_rows(x)), w, b)
+        changed = bool(self.groups) or any(c != table_config(n, k) for (n, k, _), c in self.configs.items())
+        if self.groups:
+            log.info("optimize=2: F.linear calls %s run as %d GEMMs on concatenated weights",
+                     sorted(s for g in self.groups.values() for s in g.sites), len(self.groups))
+        for r in self.sites.values():  # nothing past here needs the tensors
+            r.x = r.weight_tensor = r.bias_tensor = None
+        return changed
+
+    def retry(self) -> str:
+        """After a capture or trace that found calls otherwise than planned: the groups they
+        belong to run unfused; when none does, the calls are left to ``F.linear``. Says what
+        changed (each retry removes a group or leaves a call to F.linear: retries end)."""
+        broken = sorted(first for first, g in self.groups.items() if set(g.sites) & self.mismatched)
+        for first in broken:
+            group = self.groups.pop(first)
+            self._fused.pop(group.buffer)
+            self._fused.pop(group.buffer + "_bias", None)
+        if broken:
+            what = f"the sibling calls grouped at {broken} run unfused"
+        else:
+            self.excluded |= self.mismatched
+            what = (f"F.linear calls {sorted(self.mismatched)} keep ONNX MatMul (the trace could "
+                    f"not take them as the capture did)")
+        self.mismatched = set()
+        return what
 
     def _fits(self, x: Any, weight: Any, bias: Any) -> bool:
         """What does not depend on the rows: dtypes, devices, dims, the arch."""

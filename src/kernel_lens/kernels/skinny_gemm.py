@@ -5,12 +5,13 @@ second kernel adds the partials in a fixed order (bit-stable run to run: no atom
 
 from __future__ import annotations
 
-import functools
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import triton
+import triton.testing
 import triton.language as tl
 
 MAX_ROWS = 16
@@ -26,10 +27,21 @@ class GemmConfig:
 
 
 @triton.jit
-def _skinny_gemm(x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, part_ptr, M, N, K,
-                 stride_xm, stride_xk, stride_wk, stride_wn, stride_rm, stride_ym,
+def _segment_offsets(rm, rn, M, N, S1, S2):
+    """Where y's element (m, n) lives when y's columns are cut at S1 <= S2 into segments, each
+    stored whole and row-major after the one before it (S1 = S2 = N: y row-major [M, N])."""
+    lo = tl.where(rn < S1, 0, tl.where(rn < S2, S1, S2))
+    hi = tl.where(rn < S1, S1, tl.where(rn < S2, S2, N))
+    return lo[None, :] * M + rm[:, None] * (hi - lo)[None, :] + (rn - lo)[None, :]
+
+
+@triton.jit
+def _skinny_gemm(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, M, N, K, S1, S2,
+                 stride_xm, stride_xk, stride_wk, stride_wn, stride_rm,
                  HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """``out`` is y in segments (SPLIT_K 1: bias and residual added) or the fp32 partials
+    [SPLIT_K, M, N]."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
@@ -54,54 +66,67 @@ def _skinny_gemm(x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, part_ptr, M, N, K,
             acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
         if HAS_RES:
             acc += tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=keep, other=0.0).to(tl.float32)
-        tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=keep)
+        tl.store(out_ptr + _segment_offsets(rm, rn, M, N, S1, S2), acc.to(out_ptr.dtype.element_ty),
+                 mask=keep)
     else:
-        tl.store(part_ptr + pid_k * M * N + rm[:, None] * N + rn[None, :], acc, mask=keep)
+        tl.store(out_ptr + pid_k * M * N + rm[:, None] * N + rn[None, :], acc, mask=keep)
 
 
 @triton.jit
-def _add_partials(part_ptr, bias_ptr, res_ptr, y_ptr, M, N, stride_rm, stride_ym,
+def _add_partials(part_ptr, bias_ptr, res_ptr, y_ptr, M, N, S1, S2, stride_rm,
                   HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, SPLIT_K: tl.constexpr,
-                  BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs // N
-    n = offs % N
-    keep = offs < M * N
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    rm = tl.arange(0, BLOCK_M)
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    keep = (rm[:, None] < M) & (rn[None, :] < N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for s in range(SPLIT_K):  # a fixed order: the same bits every run
-        acc += tl.load(part_ptr + s * M * N + offs, mask=keep, other=0.0)
+        acc += tl.load(part_ptr + s * M * N + rm[:, None] * N + rn[None, :], mask=keep, other=0.0)
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + n, mask=keep, other=0.0).to(tl.float32)
+        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     if HAS_RES:
-        acc += tl.load(res_ptr + m * stride_rm + n, mask=keep, other=0.0).to(tl.float32)
-    tl.store(y_ptr + m * stride_ym + n, acc.to(y_ptr.dtype.element_ty), mask=keep)
+        acc += tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=keep, other=0.0).to(tl.float32)
+    tl.store(y_ptr + _segment_offsets(rm, rn, M, N, S1, S2), acc.to(y_ptr.dtype.element_ty), mask=keep)
 
 
 def skinny_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
-                  residual: torch.Tensor | None = None, config: GemmConfig = GemmConfig()) -> torch.Tensor:
+                  residual: torch.Tensor | None = None, config: GemmConfig = GemmConfig(),
+                  segments: tuple[int, ...] = ()) -> Any:
     """``x @ w (+ bias) (+ residual)`` for ``x`` [M, K] with M <= 16 and ``w`` [K, N] (any
-    strides: a transposed ``nn.Linear`` weight is ``weight.t()``); the result has ``x``'s dtype."""
+    strides: a transposed ``nn.Linear`` weight is ``weight.t()``); the result has ``x``'s dtype.
+    With ``segments`` (at most 3 widths adding up to N; sibling weights concatenated along N)
+    the result is a list of contiguous [M, width] tensors, one per segment, written in place
+    by the kernel (views of one buffer: no split, no copy). An absent bias or residual is given
+    the kernel as ``w`` (never read: its flag is off), so no launch reads and writes a buffer."""
     M, K = x.shape
     K2, N = w.shape
     if K2 != K or not 1 <= M <= MAX_ROWS:
         raise ValueError(f"skinny_matmul takes x [M <= {MAX_ROWS}, K] and w [K, N]; got {tuple(x.shape)} "
                          f"and {tuple(w.shape)}")
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if segments and (len(segments) > 3 or sum(segments) != N or min(segments) < 1):
+        raise ValueError(f"segments {segments} are not 1 to 3 widths adding up to N = {N}")
+    bounds = list(itertools.accumulate(segments))[:2] if segments else []
+    s1, s2 = (bounds + [N, N])[:2]
+    y = torch.empty((M * N,), dtype=x.dtype, device=x.device)
     block_m = 16 if config.dot else max(triton.next_power_of_2(M), 2)
     has_bias, has_res = bias is not None, residual is not None
-    res = residual if has_res else y
+    b = bias if has_bias else w
+    res = residual if has_res else w
     split = config.split_k
-    part = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
-    grid = (triton.cdiv(N, config.block_n), split)
-    _skinny_gemm[grid](x, w, bias if has_bias else y, res, y, part, M, N, K,
-                       x.stride(0), x.stride(1), w.stride(0), w.stride(1), res.stride(0), y.stride(0),
-                       HAS_BIAS=has_bias, HAS_RES=has_res, BLOCK_M=block_m, BLOCK_N=config.block_n,
-                       BLOCK_K=config.block_k, SPLIT_K=split, num_warps=config.num_warps)
+    out = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
+    _skinny_gemm[(triton.cdiv(N, config.block_n), split)](
+        x, w, b, res, out, M, N, K, s1, s2, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
+        res.stride(0) if has_res else 0, HAS_BIAS=has_bias, HAS_RES=has_res, BLOCK_M=block_m,
+        BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split, num_warps=config.num_warps)
     if split > 1:
-        _add_partials[(triton.cdiv(M * N, 1024),)](part, bias if has_bias else y, res, y, M, N,
-                                                  res.stride(0), y.stride(0), HAS_BIAS=has_bias,
-                                                  HAS_RES=has_res, SPLIT_K=split, BLOCK=1024)
-    return y
+        _add_partials[(triton.cdiv(N, 128),)](
+            out, bias if has_bias else out, residual if has_res else out, y, M, N, s1, s2,
+            res.stride(0) if has_res else 0, HAS_BIAS=has_bias, HAS_RES=has_res, SPLIT_K=split,
+            BLOCK_M=MAX_ROWS, BLOCK_N=128)
+    if not segments:
+        return y.view(M, N)
+    starts = [0, *itertools.accumulate(segments)][:-1]
+    return [y[M * a:M * (a + n)].view(M, n) for a, n in zip(starts, segments)]
 
 
 # ----------------------------------------------------------------------------- F.linear at -O2
@@ -129,49 +154,50 @@ def table_config(n: int, k: int) -> GemmConfig:
     return GemmConfig(block_n=32, block_k=block_k, split_k=split, dot=True)
 
 
-def candidates(first: GemmConfig) -> list[GemmConfig]:
-    """What a GPU times for one weight: ``first`` (the table's), then the block sizes around it
-    (the split stays: it sizes the partial buffer and the second launch)."""
+def candidates(first: GemmConfig, k: int) -> list[GemmConfig]:
+    """What a GPU times for one [N, K] weight: ``first`` (the table's), then block sizes and
+    splits over K around it (a split only where each part keeps at least one block of K)."""
     out = [first]
-    for block_n in (32, 64, 128):
-        for block_k in (128, 256):
-            c = GemmConfig(block_n=block_n, block_k=block_k, split_k=first.split_k, dot=True)
-            if c not in out and block_k <= max(first.block_k, 128):
-                out.append(c)
+    for split in (1, 2, 4):
+        for block_n in (32, 64, 128):
+            for block_k in (128, 256):
+                c = GemmConfig(block_n=block_n, block_k=block_k, split_k=split, dot=True)
+                if c not in out and k >= split * block_k:
+                    out.append(c)
     return out
 
 
-@functools.lru_cache(maxsize=None)
-def _tuner(first: GemmConfig) -> Any:
-    configs = [triton.Config({"BLOCK_N": c.block_n, "BLOCK_K": c.block_k}, num_warps=c.num_warps)
-               for c in candidates(first)]
-    return triton.autotune(configs=configs, key=["N", "K"])(_skinny_gemm)
+_TUNED: dict[tuple, GemmConfig] = {}
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def tune(rows: int, weight: torch.Tensor, bias: torch.Tensor | None = None) -> GemmConfig:
+    """The fastest of :func:`candidates` for ``F.linear`` with ``rows`` rows and ``weight``
+    [N, K] on its GPU, the split-K's second launch included (timed by ``triton.testing``; once
+    per (N, K, dtype, bias, GPU) in a process). Without a GPU: the table's config."""
+    n, k = weight.shape
+    first = table_config(n, k)
+    if not weight.is_cuda:
+        return first
+    key = (n, k, weight.dtype, bias is not None, torch.cuda.get_device_name(weight.device))
+    if key not in _TUNED:
+        x = torch.randn(rows, k, dtype=weight.dtype, device=weight.device)
+        w = weight.t()
+        times = {c: triton.testing.do_bench(lambda c=c: skinny_matmul(x, w, bias, config=c),
+                                            warmup=5, rep=20)
+                 for c in candidates(first, k)}
+        _TUNED[key] = min(times, key=times.get)
+    return _TUNED[key]
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           config: GemmConfig | None = None, segments: tuple[int, ...] = ()) -> Any:
     """``F.linear(x, weight, bias)`` (``x @ weight.T + bias``) for x's rows (all dims but the
-    last, flattened) <= 16, on the tensor cores with fp32 accumulation. On a GPU the block sizes
-    are autotuned per (N, K, dtype) from :func:`table_config`'s; elsewhere the table's are used."""
+    last, flattened) <= 16, on the tensor cores with fp32 accumulation, with ``config`` (by
+    default :func:`table_config`'s). With ``segments`` (see :func:`skinny_matmul`): one
+    contiguous result per segment, each shaped like x with the segment's width last."""
     K, N = x.shape[-1], weight.shape[0]
-    rows = x.reshape(-1, K)
-    M = rows.shape[0]
-    first = table_config(N, K)
-    split = first.split_k
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    part = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
-    w = weight.t()
-    has_bias = bias is not None
-    b = bias if has_bias else y
-    args = (rows, w, b, y, y, part, M, N, K, rows.stride(0), rows.stride(1), w.stride(0), w.stride(1),
-            y.stride(0), y.stride(0))
-    flags = dict(HAS_BIAS=has_bias, HAS_RES=False, BLOCK_M=16, SPLIT_K=split)
-    if x.is_cuda:
-        _tuner(first)[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), split)](*args, **flags)
-    else:
-        _skinny_gemm[(triton.cdiv(N, first.block_n), split)](
-            *args, **flags, BLOCK_N=first.block_n, BLOCK_K=first.block_k, num_warps=first.num_warps)
-    if split > 1:
-        _add_partials[(triton.cdiv(M * N, 1024),)](part, b, y, y, M, N, y.stride(0), y.stride(0),
-                                                  HAS_BIAS=has_bias, HAS_RES=False, SPLIT_K=split,
-                                                  BLOCK=1024)
-    return y.view(*x.shape[:-1], N)
+    y = skinny_matmul(x.reshape(-1, K), weight.t(), bias, config=config or table_config(N, K),
+                      segments=segments)
+    if not segments:
+        return y.view(*x.shape[:-1], N)
+    return [part.view(*x.shape[:-1], n) for part, n in zip(y, segments)]
