@@ -299,3 +299,44 @@ def test_check_types_refuses_int32_gathernd_indices_and_reads_no_weight_data(mon
                         lambda m, **kw: seen.append(m.ByteSize()) or real(m, **kw))
     check_types(ok)
     assert seen and seen[0] < 10_000 < ok.ByteSize()
+
+
+@triton.jit
+def _plus_one(x_ptr, o_ptr, n, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    keep = i < n
+    tl.store(o_ptr + i, tl.load(x_ptr + i, mask=keep) + 1, mask=keep)
+
+
+def _sorts(x, ids):
+    """A kernel's result sorted stably both ways, int32 ids with ties sorted, a 2-D sort along
+    dim 0, and an unstable sort."""
+    o = torch.empty_like(x)
+    _plus_one[(1,)](x, o, x.numel(), BLOCK=64)
+    down = torch.sort(o, stable=True, descending=True)
+    up = torch.sort(ids, stable=True)
+    cols = torch.sort(o.view(2, -1), dim=0, stable=True)
+    plain = torch.sort(o)
+    return (*down, *up, *cols, plain.values)
+
+
+def test_sort_is_topk_over_the_whole_dim_ties_by_index_and_refuses_nan_at_run_time():
+    from kernel_lens.errors import UntracedBranchError
+    from conftest import eager_on_cpu
+
+    x = torch.tensor([3., 1., 3., 2., 1., 3.])
+    ids = torch.tensor([2, 0, 1, 2, 0, 1, 2, 2], dtype=torch.int32)
+    c = kl.compile(_sorts, (x, ids), arch=90)
+    def ops(graph):  # the checks nest what follows them in If branches
+        for n in graph.node:
+            yield n.op_type
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    yield from ops(a.g)
+    found = list(ops(lower_to_onnx(c.ir, opset=ORT_OPSET).graph))
+    assert found.count("TopK") == 4 and found.count("IsNaN") == 3  # no NaN check for ints
+    for xs, ii in [(x, ids), (torch.tensor([0., -2., 5., 5., -2., 0.]), torch.tensor([1, 1, 1, 0, 0, 0, 3, 3], dtype=torch.int32))]:
+        got, want = c.run(xs.clone(), ii.clone()), eager_on_cpu(_sorts, (xs, ii))
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    with pytest.raises(UntracedBranchError, match=r"torch.sort \(aten.sort.stable, position \d+\) got a NaN"):
+        c.run(torch.tensor([1., float("nan"), 0., 2., 1., 1.]), ids.clone())

@@ -108,8 +108,9 @@ class InputError(KernelLensError):
 
 
 class UntracedBranchError(KernelLensError):
-    """A call whose inputs take a branch of the model's code (on tensor values) that no example
-    took: the message names the model's line."""
+    """A call stopped by a run-time check on its values: inputs that take a branch of the
+    model's code (on tensor values) that no example took (the message names the model's line),
+    an ``.item()`` size below 0, a NaN in ``torch.sort``'s input (ONNX orders NaN otherwise)."""
 
 
 class ArchError(KernelLensError):

@@ -185,3 +185,37 @@ def test_value_sizes_equal_eager_on_the_gpu_and_an_untraced_branch_is_refused(ca
     print(f"value_sizes {case}: bit-exact (max_abs_diff=0.0) over {len(calls)} calls "
           f"({len(compiled.ir.branches) or 1} branches, {len(compiled.ir.pieces) or 1} pieces)"
           + (", untraced branch refused by the C++ check" if refused else ""))
+
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+
+@triton.jit
+def _copy_kernel(x_ptr, o_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    keep = i < n
+    tl.store(o_ptr + i, tl.load(x_ptr + i, mask=keep), mask=keep)
+
+
+def _tied_sorts(x, ids):
+    o = torch.empty_like(x)
+    _copy_kernel[(triton.cdiv(x.numel(), 1024),)](x, o, x.numel(), BLOCK=1024)
+    return (*torch.sort(o, stable=True, descending=True), *torch.sort(o, stable=True),
+            *torch.sort(ids, stable=True), *torch.sort(ids, stable=True, descending=True))
+
+
+@pytest.mark.parametrize("n", [100, 5000])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_stable_sort_through_ort_orders_ties_by_index_as_torch_does(n, dtype):
+    """torch.sort(stable=True) is ONNX TopK, whose spec orders ties by index; this checks ORT's
+    CUDA TopK keeps to it (values drawn from 10, ids from 7: ties everywhere) both ways."""
+    gen = torch.Generator().manual_seed(n)
+    x = torch.randint(0, 10, (n,), generator=gen).to(dtype).cuda()
+    ids = torch.randint(0, 7, (2 * n,), generator=gen, dtype=torch.int32).cuda()
+    c = kl.compile(_tied_sorts, (x, ids), targets=["ort"])
+    got, want = c.run(x, ids), _tied_sorts(x, ids)
+    torch.cuda.synchronize()
+    same = [torch.equal(a, b) for a, b in zip(got, want)]
+    print(f"stable sort ort n={n} {dtype}: equal={same}")
+    assert all(same)

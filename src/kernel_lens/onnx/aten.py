@@ -274,6 +274,32 @@ def _repeat_interleave(ctx: LoweringContext, op: TorchOp) -> list[str]:
     return [ctx.cast(index, DType.i64, ctx.out(op).dtype)]
 
 
+@register("aten.sort.default", "aten.sort.stable")
+def _sort(ctx: LoweringContext, op: TorchOp) -> list[str]:
+    """``torch.sort``: ONNX ``TopK`` over the whole dim, which the spec makes order equal values
+    by index, lower first, in either direction: a stable sort (``stable=True``; torch's order of
+    ties in an unstable sort is its own). Torch puts NaN above every number; TopK leaves NaN's
+    place unspecified, so a call whose input holds a NaN stops with an error (a run-time check)."""
+    names = ["self", "dim", "descending"] if op.op == "aten.sort.default" else ["self"]
+    a = Args(op, names)
+    src = a.arg("self")
+    value = ctx.value_of(src)
+    x = ctx.tensor(src)
+    if not value.shape:  # a 0-d tensor: itself, index 0
+        return [ctx.node("Identity", [x]), ctx.scalar(0, DType.i64)]
+    dim = _norm_dim(a.const("dim", -1), len(value.shape))
+    if value.dtype.is_float:
+        nan = ctx.node("ReduceSum", [ctx.cast(ctx.node("IsNaN", [x]), DType.i1, DType.i64)], keepdims=0)
+        ctx.stop_unless(ctx.node("Equal", [nan, ctx.scalar(0, DType.i64)]),
+                        f"torch.sort ({op.op}, position {op.order}) got a NaN: torch orders NaN above "
+                        f"every number, ONNX TopK leaves its place unspecified; sort NaN-free values "
+                        f"(e.g. torch.nan_to_num first)")
+    count = ctx.node("Slice", [ctx.node("Shape", [x]), ctx.i64([dim]), ctx.i64([dim + 1])])
+    values, indices = ctx.node("TopK", [x, count], n_out=2, axis=dim,
+                               largest=int(bool(a.const("descending", False))), sorted=1)
+    return [values, indices]
+
+
 @register("aten.squeeze.dims")
 def _squeeze_dims(ctx: LoweringContext, op: TorchOp) -> list[str]:
     # squeezing a dim that is not 1 is a no-op in torch: the IR's result shape says which went

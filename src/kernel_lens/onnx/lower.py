@@ -304,6 +304,13 @@ class Lowering(GraphBuilder, MemoryModel):
         self.runtime_bound[name] = out
         self._scope = "graph"
 
+    def stop_unless(self, cond: str, message: str) -> None:
+        """A ``kernel_lens::Check`` node on a value the graph computes: the call stops with
+        ``message`` where ``cond`` (a bool tensor of one element) is false."""
+        ok = self.fresh(f"{CHECK_OUTPUT}value")
+        self.node(CHECK_OP, [cond], domain=DOMAIN, outputs=[ok], message=message)
+        self.check_outputs.append(ok)
+
     def runtime_check(self, check: RuntimeCheck) -> None:
         """A ``kernel_lens::Check`` node: the call stops with ``message`` where ``cond`` is false
         (no traced graph serves it). Its output, a tensor of no elements, is never read."""
