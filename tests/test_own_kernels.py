@@ -15,7 +15,8 @@ import triton
 import triton.language as tl
 
 import kernel_lens as kl
-from kernel_lens.frontends.own_kernels import OwnLinear
+from kernel_lens.codegen.launch_io import root_of
+from kernel_lens.frontends.own_kernels import OwnKernels
 from kernel_lens.kernels import decode_attention, skinny_matmul
 from kernel_lens.kernels.skinny_gemm import MEASURED_SM90, GemmConfig, candidates, table_config
 from kernel_lens.kernels.skinny_gemm import linear as own_linear
@@ -145,7 +146,7 @@ def _own(graph):
 def _with_own_kernels(model, inputs):
     """The reference for optimize=2: the forward with kernel_lens's own GEMM where it takes
     F.linear (the same code the capture runs), its launches in Triton's interpreter."""
-    own = OwnLinear(90)
+    own = OwnKernels(90, attention=True)
     with own.active(model, tracing=False):  # the first capture
         eager_on_cpu(model, [t.clone() for t in inputs])
     own.plan()  # siblings fused, as the capture after it runs them
@@ -240,8 +241,8 @@ def test_optimize_2_takes_f_linear_called_by_keyword():
 def test_optimize_2_on_the_decode_step_splits_the_batch_at_16():
     """examples/llama_decode.py's step in fp16 with its dynamic batch 2..256: every Linear (q, k,
     v, o, gate, up, down, lm head) runs the own GEMM for batch <= 16 (q/k/v as one, gate/up as
-    one), ONNX MatMul above. (torch
-    made the guard on the hidden state's batch before it learned that the caches' batch is the
+    one), ONNX MatMul above; the attention over repeat_kv'd caches is the own decode attention
+    reading the caches themselves, in both pieces (no Expand left). (torch made the guard on the hidden state's batch before it learned that the caches' batch is the
     same size: the size branch is found in the declared symbol all the same.)"""
     D = load_module(EXAMPLES / "llama_decode.py")
     model = D.LlamaDecodeStep("tiny").half()
@@ -253,13 +254,20 @@ def test_optimize_2_on_the_decode_step_splits_the_batch_at_16():
     # q/k/v and gate/up fused: 4 GEMMs a layer, and the lm head
     assert sum(l.kernel.startswith("_skinny_gemm") for l in small.launches) == 4 * model.n_layers + 1
     assert _own(large) == []
+    for piece in (small, large):
+        assert sum(l.kernel.startswith("_decode_split") for l in piece.launches) == model.n_layers
+        split = next(l for l in piece.launches if l.kernel.startswith("_decode_split"))
+        k_arg = next(a.value for a in split.args if a.name == "k_ptr")
+        assert root_of(piece, k_arg) == "caches_0"  # the cache where it lies, not an expanded copy
     inputs = D.make_inputs(model, 3)
     got = c.run(*[t.clone() for t in inputs])  # its other ops by ONNX's reference evaluator:
     torch.testing.assert_close(got, _with_own_kernels(model, inputs), rtol=1e-2, atol=2e-3)  # fp16
+    plain = eager_on_cpu(model, inputs)  # F.linear and SDPA themselves
+    torch.testing.assert_close(got, plain, rtol=2e-2, atol=2e-2)
 
 
 def test_optimize_2_is_a_level_and_a_name_that_no_onnx_graph_pass_runs():
-    assert resolve(2) == ["fuse_sibling_matmuls", "gqa_without_expand", "own_skinny_gemm"]
+    assert resolve(2) == ["fuse_sibling_matmuls", "gqa_without_expand", "own_skinny_gemm", "own_decode_attention"]
     assert "own_skinny_gemm" not in resolve(1) and resolve(["own_skinny_gemm"]) == ["own_skinny_gemm"]
     assert GraphPassManager(["own_skinny_gemm"]).order() == []
     with pytest.raises(kl.errors.InputError, match="own_skinny_gemm"):
@@ -388,14 +396,78 @@ def test_optimize_2_a_group_the_trace_does_not_see_runs_unfused(caplog):
 
 def test_plan_asks_for_another_capture_only_for_groups_and_only_once():
     model, x = _Siblings(), torch.randn(2, 3, 64).half()
-    own = OwnLinear(90)
+    own = OwnKernels(90, attention=True)
     with own.active(model, tracing=False):
         eager_on_cpu(model, (x,))
     assert own.plan() is True and sorted(g.sites for g in own.groups.values()) == [(0, 1, 2), (3, 4)]
     assert own.plan() is False
-    alone = OwnLinear(90)
+    alone = OwnKernels(90, attention=True)
     model2 = _TwoLinears()
     with alone.active(model2, tracing=False):
         eager_on_cpu(model2, (x,))
     assert alone.plan() is False and alone.groups == {}  # on a CPU host the table's configs
     assert not hasattr(model, "_kl_own_linear_0")  # the buffer is the model's only while active
+
+
+
+# ----------------------------------------------------------------------------- decode attention
+
+
+def test_decode_attention_with_a_mask_equals_sdpa_and_gives_0_where_no_key_is_attended():
+    q = torch.randn(3, 8, 16, generator=_g(50)).half()
+    k = torch.randn(3, 2, 40, 16, generator=_g(51)).half()
+    v = torch.randn(3, 2, 40, 16, generator=_g(52)).half()
+    mask = torch.rand(3, 40, generator=_g(53)) > 0.5
+    mask[1] = False  # no key: torch's SDPA gives 0
+    got = eager_on_cpu(lambda *a: decode_attention(*a, splits=3, block_s=8, mask=mask), (q, k, v))
+    want = F.scaled_dot_product_attention(q.float()[:, :, None], k.float().repeat_interleave(4, 1),
+                                          v.float().repeat_interleave(4, 1), attn_mask=mask[:, None, None])
+    torch.testing.assert_close(got.float(), want[:, :, 0], rtol=2e-3, atol=2e-3)
+    assert (got[1] == 0).all()
+    one = eager_on_cpu(lambda *a: decode_attention(*a, splits=2, block_s=8, mask=mask[:1]), (q, k, v))
+    want = F.scaled_dot_product_attention(q.float()[:, :, None], k.float().repeat_interleave(4, 1),
+                                          v.float().repeat_interleave(4, 1), attn_mask=mask[:1, None, None])
+    torch.testing.assert_close(one.float(), want[:, :, 0], rtol=2e-3, atol=2e-3)  # one row for all
+    with pytest.raises(ValueError, match="mask"):
+        decode_attention(q, k, v, mask=mask.float())
+
+
+def _repeat_kv(t, groups):
+    b, h, s, d = t.shape
+    return t[:, :, None, :, :].expand(b, h, groups, s, d).reshape(b, h * groups, s, d)
+
+
+class _Attend(torch.nn.Module):
+    """A Triton launch, then SDPA of q [B, 8, L, 16] over repeat_kv'd k/v [B, 2, 24, 16]."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+
+    def forward(self, q, k, v, mask):
+        q2 = torch.empty_like(q)
+        _double_kernel[(triton.cdiv(q.numel(), 256),)](q, q2, q.numel(), BLOCK=256)
+        kw = dict(attn_mask=mask)
+        if self.how == "causal":
+            kw = dict(is_causal=True)
+        elif self.how == "float_mask":
+            kw = dict(attn_mask=torch.where(mask, 0.0, float("-inf")).to(q.dtype))
+        elif self.how == "scale":
+            kw["scale"] = 0.3
+        return F.scaled_dot_product_attention(q2, _repeat_kv(k, 4), _repeat_kv(v, 4), **kw)
+
+
+@pytest.mark.parametrize("how,rows,taken", [("mask", 1, True), ("scale", 1, True), ("batch_mask", 1, True),
+                                            ("causal", 1, False), ("float_mask", 1, False),
+                                            ("mask", 2, False), ("head_mask", 1, False)])
+def test_optimize_2_takes_one_position_attention_and_leaves_the_rest_to_onnx(how, rows, taken):
+    g = _g(60)
+    q = torch.randn(2, 8, rows, 16, generator=g).half()
+    k, v = torch.randn(2, 2, 24, 16, generator=g).half(), torch.randn(2, 2, 24, 16, generator=g).half()
+    shape = {"batch_mask": (2, 1, 1, 24), "head_mask": (1, 8, 1, 24)}.get(how, (1, 1, 1, 24))
+    mask = torch.rand(*shape, generator=g) > 0.3
+    model = _Attend(how)
+    c = kl.compile(model, (q, k, v, mask), optimize=2, arch=90)
+    assert any(l.kernel.startswith("_decode_split") for l in c.ir.launches) == taken
+    got = c.run(q.clone(), k.clone(), v.clone(), mask.clone())
+    torch.testing.assert_close(got, eager_on_cpu(model, (q, k, v, mask)), rtol=2e-3, atol=2e-3)

@@ -25,8 +25,7 @@ from .fileio import atomic_copy, atomic_write, check_folder, ensure_folder, insi
 from .frontends.aot import compile_binary
 from .frontends.lift import lift_with_outputs
 from .ir import GraphIR
-from .onnx.graph_passes import resolve as resolve_graph_passes
-from .frontends.own_kernels import NAME as OWN_SKINNY_GEMM
+from .onnx.graph_passes import FRONT_END, resolve as resolve_graph_passes
 from .onnx.lower import supported
 from .passes import PassContext, PassManager, PassTiming, default_pipeline
 from .runtime.interpreted import InterpretedModel
@@ -425,7 +424,7 @@ def compile(model: Callable, example_inputs: Iterable[Any], *, dynamic_shapes: A
     ir, outputs = lift_with_outputs(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes,
                                     arch=arch, roles=roles, autotune=autotune, dynamic=dynamic,
                                     translatable=supported, extra_examples=extra_examples,
-                                    own_kernels=OWN_SKINNY_GEMM in graph_passes)
+                                    own_kernels=frozenset(graph_passes) & set(FRONT_END))
     check_autotune(autotune, ir)
     ir.graph_passes = graph_passes
     ir = pm.run(ir, pass_context(options), stop_after=stop_after, dump_after=dump_after, dump=dump)

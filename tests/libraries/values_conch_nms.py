@@ -2,9 +2,8 @@
 threshold 0.5). Two Triton kernels compute an IoU mask and then a keep mask; the host code then
 returns `sorted_indices[keep_mask]`: boolean indexing by a mask a kernel computed, so the
 OUTPUT's length is the number of kept boxes, read from tensor values at run time (the scores
-order the boxes through `torch.sort` on the host as well). The front half compiles and matches
-the reference; lowering to ONNX (run(), targets) refuses `aten.sort.stable` (no torchlib
-translation), before the value-shaped indexing is reached."""
+order the boxes through `torch.sort(stable=True)` on the host as well, lowered to ONNX TopK
+with a run-time NaN check). Compiles and matches the reference on the CPU (2026-12-05)."""
 
 import torch
 from conch.ops.vision.nms import nms

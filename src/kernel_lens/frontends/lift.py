@@ -36,7 +36,7 @@ from .capture.recorder import CapturedLaunch, capture, kernel_name
 from .trace.decompose import decompose, needs_decomposition, tensor_args
 from . import arguments
 from . import value_branches
-from .own_kernels import OwnLinear
+from .own_kernels import ATTENTION, NAME as OWN_GEMM, OwnKernels
 from .trace import size_functions, size_pieces
 from .trace.shapes_check import check_dynamic_shapes, check_forward_takes, one_dim_per_name
 from .source import describe_kernel
@@ -824,7 +824,7 @@ def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes:
                       autotune: dict[str, dict] | None = None,
                       name: str | None = None, dynamic: bool = False,
                       translatable: Callable[[str], bool] | None = None,
-                      extra_examples: Any = None, own_kernels: bool = False) -> tuple[GraphIR, Any]:
+                      extra_examples: Any = None, own_kernels: frozenset[str] = frozenset()) -> tuple[GraphIR, Any]:
     """The front half (capture, trace, AOT compile) ending in GraphIR, and what the captured
     eager forward returned (:func:`kernel_lens.compiler.lift` is the public entry).
 
@@ -844,8 +844,9 @@ def lift_with_outputs(model: Callable, example_inputs: tuple, *, dynamic_shapes:
     ``extra_examples`` (a list of input tuples) are traced too; where they take other branches on
     tensor values than the example, the result has ``branches`` (:mod:`.value_branches`).
 
-    ``own_kernels=True`` (``optimize=2``) puts kernel_lens's own skinny GEMM in place of
-    ``F.linear`` calls with at most 16 rows (:mod:`.own_kernels`)."""
+    ``own_kernels`` (``optimize=2``'s front-end pass names) puts kernel_lens's own skinny GEMM in
+    place of ``F.linear`` calls with at most 16 rows and its decode attention in place of
+    one-position ``F.scaled_dot_product_attention`` calls (:mod:`.own_kernels`)."""
     example_inputs = check_example_inputs(example_inputs)
     if dynamic and dynamic_shapes is not None:
         raise InputError("pass either dynamic=True or dynamic_shapes, not both (dynamic=True "
@@ -933,13 +934,14 @@ def _lift_graph(model: Callable, example_inputs: tuple, dynamic_shapes: Any, *,
                 roles: dict, autotune: dict | None, display: str, dynamic: bool,
                 translatable: Callable[[str], bool] | None,
                 binaries: bool = True, needed: bool = False,
-                own_kernels: bool = False) -> tuple[GraphIR, Any]:
+                own_kernels: frozenset[str] = frozenset()) -> tuple[GraphIR, Any]:
     """Capture, trace and AOT-compile one graph (see :func:`lift_with_outputs`); with
     ``binaries=False`` the kernels get no binaries (a graph traced only to be compared). It may
     launch no kernel (a piece or a branch where the forward launches none) unless ``needed``
     (the user's own example: said at once); the model as a whole must launch one
     (:func:`lift_with_outputs`)."""
-    own = OwnLinear(archs[0]) if own_kernels else None
+    own = OwnKernels(archs[0], linear=OWN_GEMM in own_kernels, attention=ATTENTION in own_kernels) \
+        if own_kernels else None
 
     def substituted(tracing: bool) -> Any:
         return own.active(model, tracing) if own is not None else contextlib.nullcontext()

@@ -14,7 +14,7 @@ kernel. A call the trace cannot take as the capture took it (rows from several s
 range wider than 16, or from tensor values) is left to ``F.linear`` in both, and the forward is
 captured again. The user's Triton launches are never changed.
 
-After the first capture (:meth:`OwnLinear.plan`):
+After the first capture (:meth:`OwnKernels.plan`):
 
 * **Siblings are fused.** Taken calls on one input tensor (the same object, not written in
   between: q/k/v of attention, gate/up of a gated MLP) whose weights (and biases, all or none)
@@ -41,13 +41,16 @@ from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
+from ..kernels.decode_attention import decode_attention
 from ..kernels.skinny_gemm import MAX_ROWS, GemmConfig, linear as own_linear, table_config, tune
 from .capture.patching import patched
 
 log = logging.getLogger(__name__)
 
-NAME = "own_skinny_gemm"  # the graph-pass name (kernel_lens.onnx.graph_passes.FRONT_END)
+NAME = "own_skinny_gemm"  # the graph-pass names (kernel_lens.onnx.graph_passes.FRONT_END)
+ATTENTION = "own_decode_attention"
 _DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -75,11 +78,16 @@ class _Group:
     buffer: str  # the concatenated weight (and ``buffer + "_bias"``), held by the model
 
 
-class OwnLinear:
-    """``F.linear`` replaced while :meth:`active`; call sites are counted in call order."""
+class OwnKernels:
+    """``F.linear`` (``linear``) and ``F.scaled_dot_product_attention`` (``attention``)
+    replaced while :meth:`active`; call sites are counted in call order."""
 
-    def __init__(self, arch: int):
+    def __init__(self, arch: int, linear: bool = True, attention: bool = False):
         self.arch = arch
+        self.linear, self.attention = linear, attention
+        self.attention_taken: dict[int, bool] = {}  # the capture's decision per SDPA call
+        self._attention_site = 0
+        self._repeats = _Repeats()
         self.excluded: set[int] = set()  # sites left to F.linear (the trace could not take them)
         self.sites: dict[int, _Site] = {}  # the last capture's record per site
         self.mismatched: set[int] = set()  # sites the trace (or capture) decided otherwise
@@ -97,8 +105,8 @@ class OwnLinear:
         return {s: r.take for s, r in self.sites.items()}
 
     @contextlib.contextmanager
-    def active(self, model: Any, tracing: bool) -> Iterator["OwnLinear"]:
-        """``F.linear`` replaced; sites are counted from 0 in each call of ``model``'s forward
+    def active(self, model: Any, tracing: bool) -> Iterator["OwnKernels"]:
+        """The functions replaced; sites are counted from 0 in each call of ``model``'s forward
         (torch.export may run it more than once); the groups' weights are the model's buffers."""
         if not isinstance(model, torch.nn.Module) or "forward" in model.__dict__:
             log.info("optimize=2: %s is not a torch.nn.Module with its class's forward; "
@@ -109,12 +117,13 @@ class OwnLinear:
         if tracing:
             self.mismatched = set()
         else:
-            self.sites = {}
+            self.sites, self.attention_taken = {}, {}
         forward = model.forward
 
         @functools.wraps(forward)  # the forward's signature, which torch.export reads
         def counted(*args: Any, **kwargs: Any) -> Any:
-            self._site, self._pending = 0, {}
+            self._site, self._pending, self._attention_site = 0, {}, 0
+            self._repeats.seen = {}
             self._names = {id(t): n for n, t in itertools.chain(
                 model.named_parameters(remove_duplicate=False), model.named_buffers(remove_duplicate=False))}
             self._model = model
@@ -124,7 +133,13 @@ class OwnLinear:
         for name, tensor in self._fused.items():
             model.register_buffer(name, tensor, persistent=False)
         try:
-            with patched(F, "linear", self._linear(F.linear)):
+            with contextlib.ExitStack() as stack:
+                if self.linear:
+                    stack.enter_context(patched(F, "linear", self._linear(F.linear)))
+                if self.attention:
+                    stack.enter_context(patched(F, "scaled_dot_product_attention",
+                                                self._sdpa(F.scaled_dot_product_attention)))
+                    stack.enter_context(self._repeats)
                 yield self
         finally:
             del model.forward
@@ -185,6 +200,34 @@ class OwnLinear:
     def _config(self, weight: Any, bias: Any) -> GemmConfig:
         n, k = int(weight.shape[0]), int(weight.shape[1])
         return self.configs.get((n, k, bias is not None)) or table_config(n, k)
+
+    # ------------------------------------------------------------------ attention
+    def _sdpa(self, original: Any) -> Any:
+        def sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
+                 is_causal: bool = False, scale: Any = None, enable_gqa: bool = False) -> Any:
+            site, self._attention_site = self._attention_site, self._attention_site + 1
+            k, v = self._repeats.heads(key), self._repeats.heads(value)
+            if k is None or v is None:  # K/V not both repeat_kv'd: as given
+                k, v = key, value
+            mask = _mask_rows(attn_mask, query, k)
+            fits = self.arch >= 80 and _attention_fits(query, k, v, dropout_p, is_causal, scale) \
+                and (attn_mask is None or mask is not None)
+            if self._tracing:
+                was = self.attention_taken.get(site, False)
+                take = was and fits
+                if take != was:
+                    self.mismatched.add(("attention", site))
+            else:
+                take = ("attention", site) not in self.excluded and fits
+                self.attention_taken[site] = take
+            if not take:
+                return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+            S = k.shape[2]
+            splits = max(1, min(16, S // 256)) if isinstance(S, int) else 8
+            out = decode_attention(query[:, :, 0], k, v, None, scale, splits=splits, mask=mask)
+            return out.unsqueeze(2)
+        return sdpa
 
     # ------------------------------------------------------------------ between captures
     def plan(self) -> bool:
@@ -294,3 +337,80 @@ def _rows(x: torch.Tensor) -> Any:
 
 def _rows_fit(x: torch.Tensor) -> bool:
     return 1 <= _rows(x) <= MAX_ROWS
+
+
+# ----------------------------------------------------------------------------- attention helpers
+_RESHAPES = (torch.Tensor.reshape, torch.reshape, torch.Tensor.view)
+
+
+class _Repeats(TorchFunctionMode):
+    """Watches the forward for ``repeat_kv``: a [B, H, S, D] reshape of a tensor expanded along
+    dim 2 ([B, H, G, S, D], stride 0 there), whose K/V heads are that tensor at index 0 of dim 2
+    (a view of the cache: no copy)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: dict[int, tuple[Any, Any]] = {}
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func in _RESHAPES and args and isinstance(args[0], torch.Tensor) and isinstance(out, torch.Tensor):
+            t = args[0]
+            if t.dim() == 5 and out.dim() == 4 and isinstance(t.stride(2), int) and t.stride(2) == 0 \
+                    and isinstance(t.shape[2], int) and isinstance(t.shape[1], int) \
+                    and isinstance(out.shape[1], int) and out.shape[1] == t.shape[1] * t.shape[2] \
+                    and all(_same(out.shape[i], t.shape[j]) for i, j in ((0, 0), (2, 3), (3, 4))):
+                self.seen[id(out)] = (out, t)
+        return out
+
+    def heads(self, tensor: Any) -> Any:
+        """The K/V heads ``tensor`` repeats (a view), or None."""
+        hit = self.seen.get(id(tensor))
+        return hit[1][:, :, 0] if hit is not None and hit[0] is tensor else None
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Sizes equal without asking torch (which would record a guard on symbolic sizes)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    ea = a.node.expr if isinstance(a, torch.SymInt) else a
+    eb = b.node.expr if isinstance(b, torch.SymInt) else b
+    return bool(ea == eb)
+
+
+def _one(size: Any) -> bool:
+    return isinstance(size, int) and size == 1
+
+
+def _attention_fits(q: Any, k: Any, v: Any, dropout_p: Any, is_causal: Any, scale: Any) -> bool:
+    """One query position, fp16/bf16, K/V of one shape with head counts dividing the query's,
+    one head size, last dims contiguous, no dropout, not causal, a constant scale."""
+    tensors = (q, k, v)
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in tensors):
+        return False
+    if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype or len({t.device for t in tensors}) != 1:
+        return False
+    if not (isinstance(dropout_p, (int, float)) and dropout_p == 0) or is_causal is not False \
+            or not (scale is None or isinstance(scale, (int, float))):
+        return False
+    if not _one(q.shape[2]) or not all(_one(t.stride(3)) for t in tensors):
+        return False
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if not all(isinstance(d, int) for d in (heads, kv_heads, v.shape[1], q.shape[3], k.shape[3], v.shape[3])):
+        return False
+    return heads % kv_heads == 0 and v.shape[1] == kv_heads and q.shape[3] == k.shape[3] == v.shape[3] \
+        and _same(q.shape[0], k.shape[0]) and _same(k.shape[0], v.shape[0]) and _same(k.shape[2], v.shape[2])
+
+
+def _mask_rows(mask: Any, q: Any, k: Any) -> Any:
+    """A bool mask that is one row of keys per sequence or for all ([..., 1, 1, S] with a batch
+    dim of 1 or q's, S k's), as [B or 1, S]; else None."""
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or not 1 <= mask.dim() <= 4 \
+            or not isinstance(q, torch.Tensor) or q.dim() != 4 or not isinstance(k, torch.Tensor) or k.dim() != 4:
+        return None
+    m = mask[(None,) * (4 - mask.dim())]
+    if not (_one(m.shape[1]) and _one(m.shape[2]) and _one(m.stride(3)) and _same(m.shape[3], k.shape[2])):
+        return None
+    if not (_one(m.shape[0]) or _same(m.shape[0], q.shape[0])):
+        return None
+    return m[:, 0, 0, :]

@@ -1,6 +1,6 @@
 """Decode attention split over keys (flash-decoding): one query position per sequence, a key
 /value cache [B, H_kv, S, D] read where it lies (grouped heads: query head ``h`` reads key head
-``h // (H_q // H_kv)``), keys at positions ``< lengths[b]`` attended. Each program owns one
+``h // (H_q // H_kv)``), keys at positions ``< lengths[b]`` and where a bool mask holds attended. Each program owns one
 (sequence, query head, slice of the keys) and writes its partial output with the slice's
 running max and sum; a second kernel combines the slices in a fixed order (bit-stable)."""
 
@@ -14,18 +14,20 @@ import triton.language as tl
 
 
 @triton.jit
-def _decode_split(q_ptr, k_ptr, v_ptr, len_ptr, acc_ptr, stat_ptr, scale, S,
+def _decode_split(q_ptr, k_ptr, v_ptr, len_ptr, mask_ptr, acc_ptr, stat_ptr, scale, S,
                   stride_qb, stride_qh, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
-                  H_Q: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                  BLOCK_S: tl.constexpr, SPLITS: tl.constexpr):
+                  stride_mb, H_Q: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
+                  BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, SPLITS: tl.constexpr,
+                  HAS_LENGTHS: tl.constexpr, HAS_MASK: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     split = tl.program_id(2)
     kv = h // GROUP
-    length = tl.load(len_ptr + b)
     per = tl.cdiv(tl.cdiv(S, SPLITS), BLOCK_S) * BLOCK_S
     start = split * per
-    end = tl.minimum(start + per, tl.minimum(length, S))
+    end = tl.minimum(start + per, S)
+    if HAS_LENGTHS:
+        end = tl.minimum(end, tl.load(len_ptr + b))
     d = tl.arange(0, BLOCK_D)
     q = tl.load(q_ptr + b * stride_qb + h * stride_qh + d, mask=d < D, other=0.0).to(tl.float32)
     m = -float("inf")
@@ -34,13 +36,16 @@ def _decode_split(q_ptr, k_ptr, v_ptr, len_ptr, acc_ptr, stat_ptr, scale, S,
     for s0 in range(start, end, BLOCK_S):
         s = s0 + tl.arange(0, BLOCK_S)
         keep = s < end
+        if HAS_MASK:  # a bool row per sequence (stride 0: one row for all)
+            keep = keep & (tl.load(mask_ptr + b * stride_mb + s, mask=keep, other=0) != 0)
         k = tl.load(k_ptr + b * stride_kb + kv * stride_kh + s[:, None] * stride_ks + d[None, :],
                     mask=keep[:, None] & (d[None, :] < D), other=0.0).to(tl.float32)
         scores = tl.sum(k * q[None, :], axis=1) * scale
         scores = tl.where(keep, scores, -float("inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=0))
-        p = tl.exp(scores - m_new)
-        alpha = tl.exp(m - m_new)
+        base = tl.where(m_new == -float("inf"), 0.0, m_new)  # no key yet: exp(-inf) = 0, not NaN
+        p = tl.exp(scores - base)
+        alpha = tl.exp(m - base)
         v = tl.load(v_ptr + b * stride_vb + kv * stride_vh + s[:, None] * stride_vs + d[None, :],
                     mask=keep[:, None] & (d[None, :] < D), other=0.0).to(tl.float32)
         acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
@@ -69,31 +74,42 @@ def _decode_combine(acc_ptr, stat_ptr, o_ptr, stride_ob, stride_oh, H_Q: tl.cons
         w = tl.where(m == -float("inf"), 0.0, tl.exp(m - top))
         total += tl.load(stat_ptr + (base + i) * 2 + 1) * w
         out += tl.load(acc_ptr + (base + i) * BLOCK_D + d) * w
-    tl.store(o_ptr + b * stride_ob + h * stride_oh + d, (out / total).to(o_ptr.dtype.element_ty), mask=d < D)
+    out = tl.where(total > 0, out / total, 0.0)  # no key attended: 0, as torch's SDPA gives
+    tl.store(o_ptr + b * stride_ob + h * stride_oh + d, out.to(o_ptr.dtype.element_ty), mask=d < D)
 
 
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,
-                     scale: float | None = None, splits: int = 8, block_s: int = 64) -> torch.Tensor:
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor | None = None,
+                     scale: float | None = None, splits: int = 8, block_s: int = 64,
+                     mask: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of ``q`` [B, H_q, D] (one position each) over ``k``, ``v`` [B, H_kv, S, D]
-    (last dim contiguous), keys ``< lengths[b]`` of sequence ``b``; the result is [B, H_q, D]
-    in ``q``'s dtype."""
+    (last dim contiguous), keys ``< lengths[b]`` of sequence ``b`` (all keys without
+    ``lengths``) where ``mask`` (bool [B or 1, S], last dim contiguous) holds; the result is
+    [B, H_q, D] in ``q``'s dtype. A sequence with no key attended gets 0 (as torch's SDPA
+    gives)."""
     B, H_q, D = q.shape
     Bk, H_kv, S, Dk = k.shape
-    if Bk != B or Dk != D or v.shape != k.shape or H_q % H_kv or lengths.shape != (B,):
+    if Bk != B or Dk != D or v.shape != k.shape or H_q % H_kv or \
+            (lengths is not None and lengths.shape != (B,)):
         raise ValueError(f"decode_attention takes q [B, H_q, D], k and v [B, H_kv, S, D] with H_kv "
                          f"dividing H_q, lengths [B]; got {tuple(q.shape)}, {tuple(k.shape)}, "
-                         f"{tuple(v.shape)}, {tuple(lengths.shape)}")
+                         f"{tuple(v.shape)}, {None if lengths is None else tuple(lengths.shape)}")
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         raise ValueError("decode_attention needs the last dim of q, k and v contiguous")
+    if mask is not None and (mask.dtype != torch.bool or mask.dim() != 2 or mask.shape[1] != S
+                             or mask.stride(1) != 1):
+        raise ValueError(f"decode_attention's mask is bool [B or 1, S] with its last dim contiguous; "
+                         f"got {mask.dtype} {tuple(mask.shape)}")
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     block_d = triton.next_power_of_2(D)
     acc = torch.empty((B, H_q, splits, block_d), dtype=torch.float32, device=q.device)
     stats = torch.empty((B, H_q, splits, 2), dtype=torch.float32, device=q.device)
     out = torch.empty((B, H_q, D), dtype=q.dtype, device=q.device)
-    _decode_split[(B, H_q, splits)](q, k, v, lengths, acc, stats, scale, S,
-                                    q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
-                                    v.stride(0), v.stride(1), v.stride(2), H_Q=H_q, GROUP=H_q // H_kv,
-                                    D=D, BLOCK_D=block_d, BLOCK_S=block_s, SPLITS=splits)
+    stride_mb = 0 if mask is None or mask.shape[0] == 1 else mask.stride(0)
+    _decode_split[(B, H_q, splits)](q, k, v, q if lengths is None else lengths, q if mask is None else mask,
+                                    acc, stats, scale, S, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+                                    k.stride(2), v.stride(0), v.stride(1), v.stride(2), stride_mb, H_Q=H_q,
+                                    GROUP=H_q // H_kv, D=D, BLOCK_D=block_d, BLOCK_S=block_s, SPLITS=splits,
+                                    HAS_LENGTHS=lengths is not None, HAS_MASK=mask is not None)
     _decode_combine[(B, H_q)](acc, stats, out, out.stride(0), out.stride(1), H_Q=H_q, D=D,
                               BLOCK_D=block_d, SPLITS=splits)
     return out

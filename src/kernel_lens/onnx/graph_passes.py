@@ -31,13 +31,17 @@ are): a pass only re-spells standard ONNX ops around them.
   CUDA ``Attention`` has no grouped-query path of its own (its source throws for ``Hq != Hkv``;
   read, not tried on ORT 1.31.1).
 
-One optimization is made before the graph exists, while the forward is captured and traced, and
-is chosen here like the others (level 2, or by name):
+Two optimizations are made before the graph exists, while the forward is captured and traced,
+and are chosen here like the others (level 2, or by name); their launches are in the IR like the
+user's (:mod:`kernel_lens.frontends.own_kernels`), and their results are not bit-identical to
+cuBLAS's or ORT's attention (another summation order):
 
 * ``own_skinny_gemm``: ``F.linear`` (every ``nn.Linear``) with at most 16 rows, fp16/bf16, runs
-  kernel_lens's own skinny GEMM (``kernel_lens.kernels.skinny_gemm``) instead of an ONNX MatMul:
-  its launches are in the IR like the user's (:mod:`kernel_lens.frontends.own_kernels`). Its
-  results are not bit-identical to cuBLAS's (another summation order).
+  kernel_lens's own skinny GEMM (``kernel_lens.kernels.skinny_gemm``) instead of an ONNX MatMul;
+* ``own_decode_attention``: ``F.scaled_dot_product_attention`` of one query position, fp16/bf16,
+  no dropout, not causal, a bool mask of one row of keys (or none), runs kernel_lens's own
+  split-KV decode attention (``kernel_lens.kernels.decode_attention``) instead of ONNX
+  ``Attention``, reading ``repeat_kv``'d K/V heads where they lie.
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ log = logging.getLogger(__name__)
 LEVELS: dict[int, tuple[str, ...]] = {
     0: (),
     1: ("fuse_sibling_matmuls", "gqa_without_expand"),
-    2: ("fuse_sibling_matmuls", "gqa_without_expand", "own_skinny_gemm"),
+    2: ("fuse_sibling_matmuls", "gqa_without_expand", "own_skinny_gemm", "own_decode_attention"),
 }
 DEFAULT_LEVEL = 1
 
@@ -382,7 +386,7 @@ class GqaWithoutExpand(GraphPass):
 
 PASSES: dict[str, type[GraphPass]] = {p.name: p for p in (FuseSiblingMatMuls, GqaWithoutExpand)}
 #: optimizations made in the front half (capture and trace), named and chosen like graph passes
-FRONT_END: tuple[str, ...] = ("own_skinny_gemm",)
+FRONT_END: tuple[str, ...] = ("own_skinny_gemm", "own_decode_attention")
 
 
 # ----------------------------------------------------------------------------- choosing, running
