@@ -108,8 +108,10 @@ def _front_half_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--opt-level", type=int, default=None, metavar="N",
                    help="optimizations of the lowered ONNX graph: 0 none, 1 (default) fused "
                         "sibling GEMMs and grouped-query attention without expanded K/V, 2 also "
-                        "kernel_lens's own skinny GEMM for nn.Linear with <= 16 rows (fp16/bf16; "
-                        "not bit-identical to cuBLAS); the user's Triton launches are never changed")
+                        "kernel_lens's own skinny GEMM for nn.Linear with <= 16 rows and its own "
+                        "split-KV decode attention for one-position SDPA (fp16/bf16; not "
+                        "bit-identical to cuBLAS or ORT's attention); the user's Triton launches "
+                        "are never changed")
     p.add_argument("--ptx-version", default=None, help="lower PTX to this ISA version (e.g. 8.4)")
     p.add_argument("--cuda-version", default=None,
                    help="lower PTX to what this CUDA driver version accepts (e.g. 12.4)")
