@@ -454,10 +454,14 @@ class _Attend(torch.nn.Module):
             kw = dict(attn_mask=torch.where(mask, 0.0, float("-inf")).to(q.dtype))
         elif self.how == "scale":
             kw["scale"] = 0.3
-        return F.scaled_dot_product_attention(q2, _repeat_kv(k, 4), _repeat_kv(v, 4), **kw)
+        keys, values = _repeat_kv(k, 4), _repeat_kv(v, 4)
+        if self.how == "written":  # the copies hold the caches before this write
+            k.mul_(2)
+        return F.scaled_dot_product_attention(q2, keys, values, **kw)
 
 
 @pytest.mark.parametrize("how,rows,taken", [("mask", 1, True), ("scale", 1, True), ("batch_mask", 1, True),
+                                            ("written", 1, True),
                                             ("causal", 1, False), ("float_mask", 1, False),
                                             ("mask", 2, False), ("head_mask", 1, False)])
 def test_optimize_2_takes_one_position_attention_and_leaves_the_rest_to_onnx(how, rows, taken):
@@ -469,5 +473,9 @@ def test_optimize_2_takes_one_position_attention_and_leaves_the_rest_to_onnx(how
     model = _Attend(how)
     c = kl.compile(model, (q, k, v, mask), optimize=2, arch=90)
     assert any(l.kernel.startswith("_decode_split") for l in c.ir.launches) == taken
+    if taken:  # the caches where they lie, unless written after repeat_kv copied them
+        split = next(l for l in c.ir.launches if l.kernel.startswith("_decode_split"))
+        k_root = root_of(c.ir, next(a.value for a in split.args if a.name == "k_ptr"))
+        assert (k_root == "k") == (how != "written"), k_root
     got = c.run(q.clone(), k.clone(), v.clone(), mask.clone())
     torch.testing.assert_close(got, eager_on_cpu(model, (q, k, v, mask)), rtol=2e-3, atol=2e-3)

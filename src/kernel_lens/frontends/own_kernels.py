@@ -350,7 +350,7 @@ class _Repeats(TorchFunctionMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self.seen: dict[int, tuple[Any, Any]] = {}
+        self.seen: dict[int, tuple[Any, Any, int]] = {}
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
@@ -360,13 +360,16 @@ class _Repeats(TorchFunctionMode):
                     and isinstance(t.shape[2], int) and isinstance(t.shape[1], int) \
                     and isinstance(out.shape[1], int) and out.shape[1] == t.shape[1] * t.shape[2] \
                     and all(_same(out.shape[i], t.shape[j]) for i, j in ((0, 0), (2, 3), (3, 4))):
-                self.seen[id(out)] = (out, t)
+                self.seen[id(out)] = (out, t, t._version)
         return out
 
     def heads(self, tensor: Any) -> Any:
-        """The K/V heads ``tensor`` repeats (a view), or None."""
+        """The K/V heads ``tensor`` repeats (a view), or None; None also when they were written
+        since (``tensor``, a copy, holds what they were)."""
         hit = self.seen.get(id(tensor))
-        return hit[1][:, :, 0] if hit is not None and hit[0] is tensor else None
+        if hit is None or hit[0] is not tensor or hit[1]._version != hit[2]:
+            return None
+        return hit[1][:, :, 0]
 
 
 def _same(a: Any, b: Any) -> bool:
