@@ -88,9 +88,11 @@ class OwnKernels:
         self.attention_taken: dict[int, bool] = {}  # the capture's decision per SDPA call
         self._attention_site = 0
         self._repeats = _Repeats()
-        self.excluded: set[int] = set()  # sites left to F.linear (the trace could not take them)
-        self.sites: dict[int, _Site] = {}  # the last capture's record per site
-        self.mismatched: set[int] = set()  # sites the trace (or capture) decided otherwise
+        # sites left to torch (the trace could not take them): F.linear's by number, SDPA's as
+        # ("attention", number)
+        self.excluded: set[Any] = set()
+        self.sites: dict[int, _Site] = {}  # the last capture's record per F.linear site
+        self.mismatched: set[Any] = set()  # sites the trace (or capture) decided otherwise
         self.groups: dict[int, _Group] = {}  # by first site
         self.configs: dict[tuple, GemmConfig] = {}  # by (N, K, bias): timed on a GPU
         self._fused: dict[str, torch.Tensor] = {}  # buffer name -> concatenated weight/bias
@@ -98,7 +100,8 @@ class OwnKernels:
         self._tracing = False
         self._site = 0
         self._names: dict[int, str] = {}
-        self._pending: dict[int, tuple] = {}  # site -> (x, version, result) from its group's GEMM
+        self._pending: dict[int, tuple] = {}  # site -> (x, version, result, group): its share
+        self._model: Any = None
 
     @property
     def taken(self) -> dict[int, bool]:
