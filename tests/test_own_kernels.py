@@ -479,3 +479,74 @@ def test_optimize_2_takes_one_position_attention_and_leaves_the_rest_to_onnx(how
         assert (k_root == "k") == (how != "written"), k_root
     got = c.run(q.clone(), k.clone(), v.clone(), mask.clone())
     torch.testing.assert_close(got, eager_on_cpu(model, (q, k, v, mask)), rtol=2e-3, atol=2e-3)
+
+
+class _SiblingsOnlyOnce(torch.nn.Module):
+    """k's input is q's in the first call only (later one row of it, 1-D: F.linear's): the second
+    capture (with the group planned from the first) finds the group broken, takes each call's
+    own result, and the forward is captured again unfused."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(5)
+        self.q, self.k = torch.nn.Linear(64, 32).half(), torch.nn.Linear(64, 16).half()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        h = torch.empty_like(x)
+        _double_kernel[(triton.cdiv(x.numel(), 256),)](x, h, x.numel(), BLOCK=256)
+        return self.q(h), self.k(h if self.calls == 1 else h[0, 0])
+
+
+def test_optimize_2_a_group_a_later_capture_does_not_see_runs_unfused(caplog):
+    model, x = _SiblingsOnlyOnce(), torch.randn(2, 3, 64).half()
+    with caplog.at_level(logging.INFO, logger="kernel_lens.frontends.lift"):
+        c = kl.compile(model, (x,), optimize=2, arch=90)
+    assert "the sibling calls grouped at [0] run unfused; capturing again" in caplog.text
+    assert sum(l.kernel.startswith("_skinny_gemm") for l in c.ir.launches) == 1  # k's 1-D: MatMul
+    for a, b in zip(c.run(x.clone()), eager_on_cpu(model, (x,))):
+        torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-3)
+
+
+def test_a_broken_group_gives_back_its_buffers():
+    model, x = _Siblings(), torch.randn(2, 3, 64).half()
+    own = OwnKernels(90)
+    with own.active(model, tracing=False):
+        eager_on_cpu(model, (x,))
+    own.plan()
+    qkv = next(g for g in own.groups.values() if g.sites == (0, 1, 2))
+    assert {qkv.buffer, qkv.buffer + "_bias"} <= set(own._fused)
+    own.mismatched = {1}
+    assert own.retry() == "the sibling calls grouped at [0] run unfused"
+    assert 0 not in own.groups and not any(n.startswith(qkv.buffer) for n in own._fused)
+    assert len(own.groups) == 1 and own.excluded == set()  # gate/up stays fused; nothing left to torch
+    own.mismatched = {7}  # not in a group: left to F.linear
+    assert own.retry().startswith("F.linear calls [7] keep ONNX MatMul") and own.excluded == {7}
+
+
+class _LeaderOtherLater(torch.nn.Module):
+    """The group's first call has another weight after the first call: the second capture finds
+    the group broken there."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(6)
+        self.q, self.q2, self.k = (torch.nn.Linear(64, 32).half(), torch.nn.Linear(64, 32).half(),
+                                   torch.nn.Linear(64, 16).half())
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        h = torch.empty_like(x)
+        _double_kernel[(triton.cdiv(x.numel(), 256),)](x, h, x.numel(), BLOCK=256)
+        first = self.q if self.calls == 1 else self.q2
+        return first(h), self.k(h)
+
+
+def test_optimize_2_a_group_whose_first_weight_differs_later_runs_unfused(caplog):
+    model, x = _LeaderOtherLater(), torch.randn(2, 3, 64).half()
+    with caplog.at_level(logging.INFO, logger="kernel_lens.frontends.lift"):
+        c = kl.compile(model, (x,), optimize=2, arch=90)
+    assert "the sibling calls grouped at [0] run unfused; capturing again" in caplog.text
+    assert sum(l.kernel.startswith("_skinny_gemm") for l in c.ir.launches) == 2
