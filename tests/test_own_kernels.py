@@ -284,6 +284,7 @@ def test_the_config_table_and_its_rule():
     tried = candidates(first, 4096)
     assert tried[0] == first and len(set(tried)) == len(tried) > 1
     assert {c.split_k for c in tried} == {1, 2, 4} and all(c.dot for c in tried)
+    assert {c.block_n for c in tried} == {32, 64, 128} and {c.block_k for c in tried} >= {128, 256}
     # a split only where each part keeps a whole block of K
     assert {(c.split_k, c.block_k) for c in candidates(table_config(64, 384), 384)} <= {(1, 128), (1, 256), (2, 128)}
     assert GemmConfig(32, 128, 2, dot=True) in candidates(table_config(64, 384), 384)
@@ -550,3 +551,15 @@ def test_optimize_2_a_group_whose_first_weight_differs_later_runs_unfused(caplog
         c = kl.compile(model, (x,), optimize=2, arch=90)
     assert "the sibling calls grouped at [0] run unfused; capturing again" in caplog.text
     assert sum(l.kernel.startswith("_skinny_gemm") for l in c.ir.launches) == 2
+
+
+def test_decode_attention_refuses_what_it_is_not_for_naming_the_shapes():
+    q, k = torch.randn(2, 8, 16).half(), torch.randn(2, 2, 24, 16).half()
+    with pytest.raises(ValueError, match=r"got \(2, 8, 16\), \(2, 2, 24, 16\), \(2, 2, 20, 16\), None"):
+        decode_attention(q, k, torch.randn(2, 2, 20, 16).half())
+    with pytest.raises(ValueError, match="decode_attention needs the last dim of q, k and v contiguous"):
+        decode_attention(q, k.transpose(2, 3).contiguous().transpose(2, 3), k)
+    for bad in (torch.ones(2, 23, dtype=torch.bool), torch.ones(2, 24, 2, dtype=torch.bool)[..., 0],
+                torch.ones(24, dtype=torch.bool)):
+        with pytest.raises(ValueError, match="mask is bool"):  # wrong length, strided, 1-D
+            decode_attention(q, k, k, mask=bad)
