@@ -524,6 +524,9 @@ def test_a_broken_group_gives_back_its_buffers():
     assert len(own.groups) == 1 and own.excluded == set()  # gate/up stays fused; nothing left to torch
     own.mismatched = {7}  # not in a group: left to F.linear
     assert own.retry().startswith("F.linear calls [7] keep ONNX MatMul") and own.excluded == {7}
+    own.mismatched = {("attention", 1)}
+    assert own.retry() == "SDPA calls [1] keep ONNX Attention (the trace could not take them as the capture did)"
+    assert own.excluded == {7, ("attention", 1)}
 
 
 class _LeaderOtherLater(torch.nn.Module):

@@ -103,10 +103,6 @@ class OwnKernels:
         self._pending: dict[int, tuple] = {}  # site -> (x, version, result, group): its share
         self._model: Any = None
 
-    @property
-    def taken(self) -> dict[int, bool]:
-        return {s: r.take for s, r in self.sites.items()}
-
     @contextlib.contextmanager
     def active(self, model: Any, tracing: bool) -> Iterator["OwnKernels"]:
         """The functions replaced; sites are counted from 0 in each call of ``model``'s forward
@@ -163,16 +159,13 @@ class OwnKernels:
                     self.mismatched.add(site)
             else:
                 take = site not in self.excluded and self._fits(x, weight, bias) and _rows_fit(x)
-                self.sites[site] = _Site(take, x, x._version, self._names.get(id(weight)),
-                                         None if bias is None else self._names.get(id(bias)),
-                                         weight, bias)
+                self.sites[site] = _Site(take, x, x._version, *self._named(weight, bias), weight, bias)
             if not take:
                 return original(x, weight, bias)
             group = self.groups.get(site)
             if group is None:
                 return own_linear(x, weight, bias, self._config(weight, bias))
-            if (self._names.get(id(weight)), None if bias is None else self._names.get(id(bias))) \
-                    != (group.weights[0], group.biases[0]):
+            if self._named(weight, bias) != (group.weights[0], group.biases[0]):
                 self.mismatched.add(site)
                 return own_linear(x, weight, bias, self._config(weight, bias))
             fused_w = self._model.get_buffer(group.buffer)
@@ -188,17 +181,20 @@ class OwnKernels:
         call's, unwritten, and its weight the one planned."""
         first_x, version, part, group = self._pending.pop(site)
         i = group.sites.index(site)
+        named = self._named(weight, bias)
         if not self._tracing:
-            self.sites[site] = _Site(True, x, x._version, self._names.get(id(weight)),
-                                     None if bias is None else self._names.get(id(bias)), weight, bias)
-        same = x is first_x and x._version == version and (
-            self._names.get(id(weight)), None if bias is None else self._names.get(id(bias))) \
-            == (group.weights[i], group.biases[i])
+            self.sites[site] = _Site(True, x, x._version, *named, weight, bias)
+        same = x is first_x and x._version == version and named == (group.weights[i], group.biases[i])
         if same:
             return part
         self.mismatched.add(site)
         return own_linear(x, weight, bias, self._config(weight, bias)) \
             if self._fits(x, weight, bias) and _rows_fit(x) else original(x, weight, bias)
+
+    def _named(self, weight: Any, bias: Any) -> tuple[str | None, str | None]:
+        """The model's names of ``weight`` and ``bias`` (None: not a parameter or buffer, or
+        no bias)."""
+        return self._names.get(id(weight)), None if bias is None else self._names.get(id(bias))
 
     def _config(self, weight: Any, bias: Any) -> GemmConfig:
         n, k = int(weight.shape[0]), int(weight.shape[1])
@@ -284,8 +280,14 @@ class OwnKernels:
             what = f"the sibling calls grouped at {broken} run unfused"
         else:
             self.excluded |= self.mismatched
-            what = (f"F.linear calls {sorted(self.mismatched)} keep ONNX MatMul (the trace could "
-                    f"not take them as the capture did)")
+            linear = sorted(m for m in self.mismatched if isinstance(m, int))
+            attention = sorted(m[1] for m in self.mismatched if not isinstance(m, int))
+            parts = []
+            if linear:
+                parts.append(f"F.linear calls {linear} keep ONNX MatMul")
+            if attention:
+                parts.append(f"SDPA calls {attention} keep ONNX Attention")
+            what = "; ".join(parts) + " (the trace could not take them as the capture did)"
         self.mismatched = set()
         return what
 

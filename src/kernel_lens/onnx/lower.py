@@ -296,32 +296,30 @@ class Lowering(GraphBuilder, MemoryModel):
             out = self.cast(flat, self.ir.values[info.value].dtype, DType.i64)
             # sizes are >= 0 (a carrier's dim, and every condition on it reasons so): another
             # value stops the call before anything reads it as a size
-            ok = f"{CHECK_OUTPUT}item.{name}"
-            self.node(CHECK_OP, [self.node("GreaterOrEqual", [out, self.i64([0])])], domain=DOMAIN,
-                      outputs=[ok], message=f"the value of .item() at {info.where or 'an unknown line'} "
-                      f"is negative; kernel_lens takes sizes and scalars from .item() values >= 0")
-            self.check_outputs.append(ok)
+            self.stop_unless(self.node("GreaterOrEqual", [out, self.i64([0])]),
+                             f"the value of .item() at {info.where or 'an unknown line'} is negative; "
+                             f"kernel_lens takes sizes and scalars from .item() values >= 0",
+                             output=f"{CHECK_OUTPUT}item.{name}")
         self.runtime_bound[name] = out
         self._scope = "graph"
 
-    def stop_unless(self, cond: str, message: str) -> None:
-        """A ``kernel_lens::Check`` node on a value the graph computes: the call stops with
-        ``message`` where ``cond`` (a bool tensor of one element) is false."""
-        ok = self.fresh(f"{CHECK_OUTPUT}value")
+    def stop_unless(self, cond: str, message: str, output: str | None = None) -> None:
+        """A ``kernel_lens::Check`` node: the call stops with ``message`` where ``cond`` (a bool
+        tensor of one element) is false. Its output (``output``, else a fresh name), a tensor of
+        no elements, is never read."""
+        ok = output or self.fresh(f"{CHECK_OUTPUT}value")
         self.node(CHECK_OP, [cond], domain=DOMAIN, outputs=[ok], message=message)
         self.check_outputs.append(ok)
 
     def runtime_check(self, check: RuntimeCheck) -> None:
-        """A ``kernel_lens::Check`` node: the call stops with ``message`` where ``cond`` is false
-        (no traced graph serves it). Its output, a tensor of no elements, is never read."""
+        """The check of a branch on tensor values: the call stops where ``cond`` is false (no
+        traced graph serves it)."""
         self._scope = f"check{check.order}"
-        cond = self.truth(check.cond)
-        message = (f"the model's code at {check.where or 'an unknown line'} took another branch "
-                   f"for these inputs than for the example inputs (it needs {check.cond}); no "
-                   f"traced graph serves them: compile with extra_examples that take this branch")
-        ok = f"{CHECK_OUTPUT}{check.order}"
-        self.node(CHECK_OP, [cond], domain=DOMAIN, outputs=[ok], message=message)
-        self.check_outputs.append(ok)
+        self.stop_unless(self.truth(check.cond),
+                         f"the model's code at {check.where or 'an unknown line'} took another branch "
+                         f"for these inputs than for the example inputs (it needs {check.cond}); no "
+                         f"traced graph serves them: compile with extra_examples that take this branch",
+                         output=f"{CHECK_OUTPUT}{check.order}")
         self._scope = "graph"
 
     def run(self) -> onnx.ModelProto:
