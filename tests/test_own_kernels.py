@@ -264,6 +264,10 @@ def test_optimize_2_on_the_decode_step_splits_the_batch_at_16():
     torch.testing.assert_close(got, _with_own_kernels(model, inputs), rtol=1e-2, atol=2e-3)  # fp16
     plain = eager_on_cpu(model, inputs)  # F.linear and SDPA themselves
     torch.testing.assert_close(got, plain, rtol=2e-2, atol=2e-2)
+    for batch in (2, 16, 17):  # the ends of the pieces (256 is past the CPU budget), against F.linear and SDPA
+        inputs = D.make_inputs(model, batch)
+        torch.testing.assert_close(c.run(*[t.clone() for t in inputs]), eager_on_cpu(model, inputs),
+                                   rtol=2e-2, atol=2e-2, msg=lambda m: f"batch {batch}: {m}")
 
 
 def test_optimize_2_is_a_level_and_a_name_that_no_onnx_graph_pass_runs():
