@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from kernel_lens.kernels import decode_attention, skinny_matmul  # noqa: E402
+from kernel_lens.kernels.decode_attention import split_count  # noqa: E402
 from kernel_lens.kernels.skinny_gemm import GemmConfig  # noqa: E402
 
 # (name, N, K) of the decode model's linear layers
@@ -114,6 +115,8 @@ def attention_rows(batches: list[int], contexts: list[int], peak: float, dtype) 
             us = _us(lambda: decode_attention(q, k, v, lengths, splits=splits, block_s=bs))
             if best is None or us < best[0]:
                 best = (us, splits, bs, out)
+        chosen = split_count(b, hkv, s)  # what -O2 launches with
+        chosen_us = _us(lambda: decode_attention(q, k, v, lengths, splits=chosen, block_s=64))
         us, splits, bs, out = best
         again = decode_attention(q, k, v, lengths, splits=splits, block_s=bs)
         row = {"op": "decode_attention", "B": b, "S": s, "H_q": hq, "H_kv": hkv, "D": d,
@@ -123,6 +126,7 @@ def attention_rows(batches: list[int], contexts: list[int], peak: float, dtype) 
                "torch_hbm_fraction": round(nbytes / (t_us * 1e-6) / (peak * 1e12), 3),
                "own_hbm_fraction": round(nbytes / (us * 1e-6) / (peak * 1e12), 3),
                "own_config": {"splits": splits, "block_s": bs},
+               "split_count": chosen, "split_count_us": round(chosen_us, 2),
                "torch_max_abs_diff": (sdpa().double() - ref).abs().max().item(),
                "own_max_abs_diff": (out.double() - ref).abs().max().item(),
                "own_bit_stable": bool(torch.equal(out, again))}
@@ -155,8 +159,8 @@ def main() -> None:
     ap.add_argument("--plot")
     ap.add_argument("--from-json", help="only draw --plot from this JSON (no GPU)")
     ap.add_argument("--hbm-peak-tbs", type=float, default=4.8)
-    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--rows", type=int, nargs="*", default=[1, 8], help="GEMM rows (none: no GEMM rows)")
+    ap.add_argument("--batches", type=int, nargs="*", default=[1, 8], help="attention batches (none: none)")
     ap.add_argument("--contexts", type=int, nargs="+", default=[256, 4096])
     args = ap.parse_args()
     if args.from_json:

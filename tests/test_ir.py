@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 import kernel_lens as kl
 from kernel_lens.errors import IRError
+from kernel_lens.ir.kernel import DIGEST
 from kernel_lens.ir import (SCHEMA_VERSION, GraphIR, evaluate, format_expr, json_schema,
                             parse, symbol)
 
@@ -107,3 +109,23 @@ def test_cubin_survives_as_base64(toy):
     again = GraphIR.from_json(json.dumps(doc))
     assert again.kernels[kernel.id].binaries[0].cubin == kernel.binaries[0].cubin
     assert kernel.binaries[0].cubin.startswith(b"\x7fELF")
+
+
+def test_the_fingerprint_keys_every_byte_without_base64_encoding_them(toy):
+    """Caches are keyed by GraphIR.fingerprint(): bytes (cubins, weights) enter as their sha256."""
+    from kernel_lens.ir.graph import ConstantData
+    key = toy.fingerprint()
+    assert GraphIR.from_json(toy.to_json()).fingerprint() == key
+    kernel = next(iter(toy.kernels.values()))
+    binary = kernel.binaries[0]
+    flipped = binary.model_copy(update={"cubin": binary.cubin[:-1] + bytes([binary.cubin[-1] ^ 1])})
+    other = toy.model_copy(update={"kernels": {**toy.kernels, kernel.id: kernel.model_copy(
+        update={"binaries": [flipped, *kernel.binaries[1:]]})}})
+    assert other.fingerprint() != key
+    weight = ConstantData(dtype="fp32", shape=[2], data=bytes(8))
+    with_weight = toy.model_copy(update={"constants": {**toy.constants, "w_extra": weight}})
+    changed = weight.model_copy(update={"data": bytes(7) + b"\x01"})
+    assert with_weight.fingerprint() != key
+    assert toy.model_copy(update={"constants": {**toy.constants, "w_extra": changed}}).fingerprint() \
+        != with_weight.fingerprint()
+    assert base64.b64encode(binary.cubin).decode()[:40] not in toy.model_dump_json(context=DIGEST)

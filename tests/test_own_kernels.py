@@ -64,9 +64,11 @@ def _attention(q, k, v, lengths, scale):
     return torch.einsum("bhs,bhsd->bhd", s.softmax(-1), vv)
 
 
-@pytest.mark.parametrize("splits,lengths", [(1, [37, 64]), (4, [1, 64]), (8, [50, 3])])
-def test_decode_attention_equals_torch_with_grouped_heads(splits, lengths):
-    B, Hq, Hkv, S, D = 2, 8, 2, 64, 48  # D not a power of two
+@pytest.mark.parametrize("splits,lengths,hq,hkv", [(1, [37, 64], 8, 2), (4, [1, 64], 8, 2), (8, [50, 3], 8, 2),
+                                                   (3, [64, 20], 4, 4), (2, [64, 9], 20, 1)])
+def test_decode_attention_equals_torch_with_grouped_heads(splits, lengths, hq, hkv):
+    """Groups of 4, 1 (one program a head) and 20 (more heads than the 16-row tile)."""
+    B, Hq, Hkv, S, D = 2, hq, hkv, 64, 48  # D not a power of two
     q = torch.randn(B, Hq, D, generator=_g(7))
     k, v = torch.randn(B, Hkv, S, D, generator=_g(8)), torch.randn(B, Hkv, S, D, generator=_g(9))
     lens = torch.tensor(lengths, dtype=torch.int32)
@@ -97,6 +99,8 @@ def test_the_own_kernels_compile_through_the_pipeline_and_equal_eager():
     assert sorted({l.kernel for l in c.ir.launches}) == ["_add_partials", "_decode_combine",
                                                          "_decode_split", "_skinny_gemm"]
     assert all(b.arch == 90 for kern in c.ir.kernels.values() for b in kern.binaries)
+    split = next(l for l in c.ir.launches if l.kernel == "_decode_split")
+    assert tuple(split.captured_grid) == (2, 2, 2)  # a program per key head: each key read once for its group
     lens2 = torch.tensor([17, 1], dtype=torch.int32)
     assert torch.equal(c.run(x, k, v, lens2), eager_on_cpu(model, (x, k, v, lens2)))
 
@@ -558,6 +562,14 @@ def test_optimize_2_a_group_whose_first_weight_differs_later_runs_unfused(caplog
         c = kl.compile(model, (x,), optimize=2, arch=90)
     assert "the sibling calls grouped at [0] run unfused; capturing again" in caplog.text
     assert sum(l.kernel.startswith("_skinny_gemm") for l in c.ir.launches) == 2
+
+
+@pytest.mark.parametrize("batch,kv_heads,keys,want", [(1, 8, 256, 4), (1, 8, 4096, 16), (8, 8, 256, 4),
+                                                     (8, 8, 4096, 5), (32, 8, 4096, 2), (64, 8, 4096, 1),
+                                                     (1, 1, 40, 1), (1, 1, 65, 2)])
+def test_split_count_fills_the_gpu_without_slices_shorter_than_a_block(batch, kv_heads, keys, want):
+    from kernel_lens.kernels.decode_attention import split_count
+    assert split_count(batch, kv_heads, keys) == want
 
 
 def test_decode_attention_refuses_what_it_is_not_for_naming_the_shapes():

@@ -296,7 +296,7 @@ def _compile_into_cache(compiled: CompiledModel, targets: list[str]) -> Compiled
     folders must be real, the user's own and writable by no one else (else CacheError); the
     entry's folders and files must be too, and its files exactly those recorded with their
     sha256 when it was written, else it is removed and written again (a warning says why)."""
-    key = hashlib.sha256(json.dumps({"ir": compiled.ir.to_json(indent=None), "targets": sorted(targets),
+    key = hashlib.sha256(json.dumps({"ir": compiled.ir.fingerprint(), "targets": sorted(targets),
                                      "kernel_lens": __version__}, sort_keys=True).encode()).hexdigest()
     root = cache.cache_folder(cache.ARTIFACTS)
     final = root / key[:24]

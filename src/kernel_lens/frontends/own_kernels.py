@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from ..kernels.decode_attention import decode_attention
+from ..kernels.decode_attention import decode_attention, split_count
 from ..kernels.skinny_gemm import MAX_ROWS, GemmConfig, linear as own_linear, table_config, tune
 from .capture.patching import patched
 
@@ -222,8 +222,8 @@ class OwnKernels:
             if not take:
                 return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                                 is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
-            S = k.shape[2]
-            splits = max(1, min(16, S // 256)) if isinstance(S, int) else 8
+            # the capture's sizes, and in the trace the example's (a constexpr both must agree on)
+            splits = split_count(_hint(query.shape[0], 1), int(k.shape[1]), _hint(k.shape[2], 1024))
             out = decode_attention(query[:, :, 0], k, v, None, scale, splits=splits, mask=mask)
             return out.unsqueeze(2)
         return sdpa
@@ -384,6 +384,14 @@ def _same(a: Any, b: Any) -> bool:
     ea = a.node.expr if isinstance(a, torch.SymInt) else a
     eb = b.node.expr if isinstance(b, torch.SymInt) else b
     return bool(ea == eb)
+
+
+def _hint(size: Any, default: int) -> int:
+    """A size's value: its own, a symbolic one's example value, else ``default``."""
+    if isinstance(size, int):
+        return size
+    hint = size.node.hint
+    return default if hint is None else int(hint)
 
 
 def _one(size: Any) -> bool:

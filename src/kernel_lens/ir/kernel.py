@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 from enum import Enum
 from typing import Annotated, Literal, Union
 
@@ -34,10 +35,21 @@ def _b64decode(value: object) -> bytes:
     return base64.b64decode(str(value).encode("ascii"), validate=True)
 
 
+#: ``model_dump_json(context=DIGEST)``: bytes as their sha256 (a key of the document's content
+#: that does not base64-encode gigabytes of weights; see GraphIR.fingerprint).
+DIGEST = {"bytes_as_sha256": True}
+
+
+def _b64encode(value: bytes, info: object) -> str:
+    if getattr(info, "context", None) == DIGEST:
+        return "sha256:" + hashlib.sha256(value).hexdigest()
+    return base64.b64encode(value).decode("ascii")
+
+
 Base64Bytes = Annotated[
     bytes,
     BeforeValidator(_b64decode),
-    PlainSerializer(lambda b: base64.b64encode(b).decode("ascii"), return_type=str, when_used="json"),
+    PlainSerializer(_b64encode, return_type=str, when_used="json"),
 ]
 
 

@@ -601,14 +601,21 @@ def _unchecked(model: onnx.ModelProto) -> onnx.ModelProto:
 _FP8_TYPES = {TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E5M2}
 
 
+def _tensor_bytes(t: onnx.TensorProto) -> int:
+    """About what ``t`` takes serialized: its raw data's length (protobuf's ByteSize() walks the
+    message: 0.1 s a 100 MB weight), else ByteSize()."""
+    raw = len(t.raw_data)
+    return raw if raw else t.ByteSize()
+
+
 def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with each initializer past 64 KiB turned into a graph input of its type and
     dims: what type inference reads of it, without serializing the weights (past 2 GB protobuf
     cannot). Small ones (shapes, indices) stay: inference reads their values."""
     g = model.graph
-    small = [t for t in g.initializer if t.ByteSize() <= 1 << 16]
-    large = [helper.make_tensor_value_info(t.name, t.data_type, t.dims) for t in g.initializer
-             if t.ByteSize() > 1 << 16]
+    sized = [(t, _tensor_bytes(t)) for t in g.initializer]
+    small = [t for t, n in sized if n <= 1 << 16]
+    large = [helper.make_tensor_value_info(t.name, t.data_type, t.dims) for t, n in sized if n > 1 << 16]
     graph = helper.make_graph(g.node, g.name, [*g.input, *large], g.output, small,
                               value_info=g.value_info)
     return helper.make_model(graph, opset_imports=model.opset_import, functions=model.functions,
@@ -719,7 +726,7 @@ def lowering_key(ir: GraphIR, opset: int) -> str:
     code += [here.parent / "aten_facts.py", here.parent / "codegen" / "launch_io.py"]
     return entry_cache.key_of("onnx/1", _version(), torch.__version__, dist_version("onnxscript"),
                               onnx.__version__, opset, *(p.read_bytes() for p in code),
-                              ir.to_json(indent=None).encode())
+                              ir.fingerprint())
 
 
 def lower_to_onnx_cached(ir: GraphIR, *, opset: int = MIN_OPSET) -> onnx.ModelProto:
@@ -734,7 +741,8 @@ def lower_to_onnx_cached(ir: GraphIR, *, opset: int = MIN_OPSET) -> onnx.ModelPr
         except Exception:  # noqa: BLE001 - a damaged entry is rebuilt
             pass
     model = lower_to_onnx(ir, opset=opset)
-    if model.ByteSize() < EXTERNAL_DATA_BYTES:
+    raw = sum(len(t.raw_data) for t, _ in tensors(model))  # ByteSize() of GBs takes seconds
+    if raw < EXTERNAL_DATA_BYTES and model.ByteSize() < EXTERNAL_DATA_BYTES:
         entry_cache.write("onnx", key, model.SerializeToString(), ".onnx")
     return model
 
