@@ -924,7 +924,10 @@ _TAB20 = {"eager": 14, "eager_cuda_graph": 10, "torch_compile_reduce_overhead": 
 def _colour(cmap, name: str):
     base, level = T.split_variant(name)
     index = _TAB20.get(base, 16)
-    return cmap(index + (1 if level == 0 else 0))
+    r, g, b, a = cmap(index + (1 if level == 0 else 0))
+    if level is not None and level >= 2:  # -O2 and up: the -O1 colour, darker
+        return (r * 0.55, g * 0.55, b * 0.55, a)
+    return (r, g, b, a)
 
 
 def _bars(ax, cmap, rows: list, key: str, value_key: str, group_label) -> None:

@@ -77,7 +77,9 @@ def load(paths: list[str | Path]) -> dict:
     """The result of one run, or several merged: env from the first (the others' dates and
     contexts under ``env["merged_from"]``), rows, block rows, skipped rows and errors of all, a
     later file's row replacing an earlier one's. A row from before contexts were measured gets
-    its run's cache length as ``context``."""
+    its run's cache length as ``context``. Each decode row gets ``vs_eager_cuda_graph``, its
+    ms/token over the CUDA graph of eager of its own run (same context and batch), and
+    ``run_date``: ratios are never taken across runs."""
     merged: dict = {"env": None, "rows": {}, "block_rows": {}, "skipped": [], "errors": {}}
     for path in paths:
         result = json.loads(Path(path).read_text())
@@ -87,10 +89,16 @@ def load(paths: list[str | Path]) -> dict:
         merged["env"]["merged_from"].append({"path": str(path), "date": env.get("date"),
                                              "contexts": env.get("contexts")})
         old_context = env.get("config", {}).get("max_len")
+        graphs = {(r.get("context", old_context), r.get("batch")): r["ms_per_token"]
+                  for r in result.get("rows", []) if r["variant"] == "eager_cuda_graph" and "ms_per_token" in r}
         for part in ("rows", "block_rows"):
             for row in result.get(part, []):
                 if part == "rows":
                     row.setdefault("context", old_context)
+                    graph = graphs.get((row["context"], row.get("batch")))
+                    if graph and "ms_per_token" in row:  # within its own run: merged rows keep theirs
+                        row.setdefault("vs_eager_cuda_graph", round(row["ms_per_token"] / graph, 3))
+                        row.setdefault("run_date", env.get("date"))
                 merged[part][_row_key(row)] = row
         merged["skipped"] += result.get("skipped", [])
         for key, error in result.get("errors", {}).items():
