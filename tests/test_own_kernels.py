@@ -298,6 +298,25 @@ def test_the_config_table_and_its_rule():
     assert GemmConfig(32, 128, 2, dot=True) in candidates(table_config(64, 384), 384)
 
 
+def test_gemm_configs_fit_the_shared_memory_of_every_arch_built():
+    """The sm_90 table's 128 x 256 tiles (147 KB) would not launch on sm_86/sm_89 (99 KB)."""
+    from kernel_lens.kernels.skinny_gemm import SHARED_BYTES, shared_bytes, shared_room
+    big = MEASURED_SM90[(4096, 4096)]
+    assert shared_bytes(big) == 147456  # what Triton allocated for it on sm_80 (the compiled cubin)
+    assert shared_room([90]) == SHARED_BYTES[90] and shared_room([86, 90]) == 99 * 1024
+    assert shared_room([120]) == 99 * 1024  # an arch not in the table: the smallest
+    assert table_config(4096, 4096) == big and table_config(4096, 4096, shared_room([80])) == big
+    small = table_config(4096, 4096, shared_room([89]))
+    assert small != big and shared_bytes(small) <= 99 * 1024
+    w = torch.nn.Parameter(torch.empty(4096, 4096, dtype=torch.float16), requires_grad=False)
+    assert OwnKernels(90)._config(w, None) == big
+    assert OwnKernels(90, archs=[86, 90])._config(w, None) == small
+    cfg = GemmConfig(block_n=64, block_k=256, dot=True)  # the estimate is what the compiler allocates
+    x, w = torch.randn(1, 1024).half(), torch.randn(1024, 512).half()
+    c = kl.compile(lambda x, w: skinny_matmul(x, w, config=cfg), (x, w), arch=86)
+    assert max(b.shared_mem for kern in c.ir.kernels.values() for b in kern.binaries) == shared_bytes(cfg)
+
+
 @pytest.mark.parametrize("shape,n,k,bias", [((3, 1024), 64, 1024, True), ((2, 5, 96), 40, 96, False),
                                             ((1, 1, 32), 33, 32, True)])
 def test_own_linear_equals_f_linear_in_float64(shape, n, k, bias):
@@ -562,6 +581,16 @@ def test_optimize_2_a_group_whose_first_weight_differs_later_runs_unfused(caplog
         c = kl.compile(model, (x,), optimize=2, arch=90)
     assert "the sibling calls grouped at [0] run unfused; capturing again" in caplog.text
     assert sum(l.kernel.startswith("_skinny_gemm") for l in c.ir.launches) == 2
+
+
+def test_decode_attention_fits_the_shared_memory_of_every_tensor_core_gpu_at_head_size_256():
+    """sm_86/sm_89 give a block 99 KB: 64 keys a step at head size 256 took 141 KB."""
+    q, k, v = torch.randn(1, 8, 256).half(), torch.randn(1, 2, 40, 256).half(), torch.randn(1, 2, 40, 256).half()
+    c = kl.compile(lambda q, k, v: decode_attention(q, k, v, splits=2), (q, k, v), arch=80)
+    shared = [b.shared_mem for kern in c.ir.kernels.values() if kern.name == "_decode_split"
+              for b in kern.binaries]
+    assert shared and max(shared) <= 99 * 1024
+    assert torch.equal(c.run(q, k, v), eager_on_cpu(lambda *a: decode_attention(*a, splits=2), (q, k, v)))
 
 
 @pytest.mark.parametrize("batch,kv_heads,keys,want", [(1, 8, 256, 4), (1, 8, 4096, 16), (8, 8, 256, 4),

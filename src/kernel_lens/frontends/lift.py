@@ -940,7 +940,8 @@ def _lift_graph(model: Callable, example_inputs: tuple, dynamic_shapes: Any, *,
     launch no kernel (a piece or a branch where the forward launches none) unless ``needed``
     (the user's own example: said at once); the model as a whole must launch one
     (:func:`lift_with_outputs`)."""
-    own = OwnKernels(archs[0], linear=OWN_GEMM in own_kernels, attention=ATTENTION in own_kernels) \
+    own = OwnKernels(archs[0], linear=OWN_GEMM in own_kernels, attention=ATTENTION in own_kernels,
+                     archs=archs) \
         if own_kernels else None
 
     def substituted(tracing: bool) -> Any:

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from ..kernels.decode_attention import decode_attention, split_count
-from ..kernels.skinny_gemm import MAX_ROWS, GemmConfig, linear as own_linear, table_config, tune
+from ..kernels.skinny_gemm import MAX_ROWS, GemmConfig, linear as own_linear, shared_room, table_config, tune
 from .capture.patching import patched
 
 log = logging.getLogger(__name__)
@@ -82,8 +82,10 @@ class OwnKernels:
     """``F.linear`` (``linear``) and ``F.scaled_dot_product_attention`` (``attention``)
     replaced while :meth:`active`; call sites are counted in call order."""
 
-    def __init__(self, arch: int, linear: bool = True, attention: bool = False):
+    def __init__(self, arch: int, linear: bool = True, attention: bool = False,
+                 archs: Any = None):
         self.arch = arch
+        self.room = shared_room(archs or (arch,))  # the GEMM's tiles run on every arch built
         self.linear, self.attention = linear, attention
         self.attention_taken: dict[int, bool] = {}  # the capture's decision per SDPA call
         self._attention_site = 0
@@ -198,7 +200,7 @@ class OwnKernels:
 
     def _config(self, weight: Any, bias: Any) -> GemmConfig:
         n, k = int(weight.shape[0]), int(weight.shape[1])
-        return self.configs.get((n, k, bias is not None)) or table_config(n, k)
+        return self.configs.get((n, k, bias is not None)) or table_config(n, k, self.room)
 
     # ------------------------------------------------------------------ attention
     def _sdpa(self, original: Any) -> Any:
@@ -258,8 +260,9 @@ class OwnKernels:
         for w, b, x in weights:
             key = (int(w.shape[0]), int(w.shape[1]), b is not None)
             if key not in self.configs:
-                self.configs[key] = tune(int(_rows(x)), w, b)
-        changed = bool(self.groups) or any(c != table_config(n, k) for (n, k, _), c in self.configs.items())
+                self.configs[key] = tune(int(_rows(x)), w, b, self.room)
+        changed = bool(self.groups) or any(c != table_config(n, k, self.room)
+                                           for (n, k, _), c in self.configs.items())
         if self.groups:
             log.info("optimize=2: F.linear calls %s run as %d GEMMs on concatenated weights",
                      sorted(s for g in self.groups.values() for s in g.sites), len(self.groups))

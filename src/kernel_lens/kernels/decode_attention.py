@@ -102,7 +102,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     ``lengths``) where ``mask`` (bool [B or 1, S], last dim contiguous) holds; the result is
     [B, H_q, D] in ``q``'s dtype. A sequence with no key attended gets 0 (as torch's SDPA
     gives). ``block_s`` keys a step (rounded up to a power of two, at least 16: the tensor
-    cores' smallest tile), in ``splits`` slices (see :func:`split_count`)."""
+    cores' smallest tile; at most 8192 // the padded head size), in ``splits`` slices (see
+    :func:`split_count`)."""
     B, H_q, D = q.shape
     Bk, H_kv, S, Dk = k.shape
     if Bk != B or Dk != D or v.shape != k.shape or H_q % H_kv or \
@@ -118,7 +119,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
                          f"got {mask.dtype} {tuple(mask.shape)}")
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     block_d = max(triton.next_power_of_2(D), 16)  # tl.dot's smallest tile
-    block_s = max(triton.next_power_of_2(block_s), 16)
+    # at most 8192 elements a K/V tile: the pipelined tiles stay within ~72 KB of shared memory,
+    # under the 99 KB a block gets on sm_86/sm_89 (head size 256 would take 141 KB at 64 keys)
+    block_s = max(min(triton.next_power_of_2(block_s), 8192 // block_d), 16)
     group = H_q // H_kv
     acc = torch.empty((B, H_q, splits, block_d), dtype=torch.float32, device=q.device)
     stats = torch.empty((B, H_q, splits, 2), dtype=torch.float32, device=q.device)

@@ -143,12 +143,32 @@ MEASURED_SM90: dict[tuple[int, int], GemmConfig] = {
 }
 
 
-def table_config(n: int, k: int) -> GemmConfig:
-    """The config for an [N, K] weight without a GPU to time it: the measured one, else the rule
-    the measurements follow (one program per 32 columns; split over K in 4 when that leaves
-    fewer than two programs per SM of an H100/H200 and K has room for it)."""
-    if (n, k) in MEASURED_SM90:
-        return MEASURED_SM90[(n, k)]
+#: Dynamic shared memory a block may opt in to, by arch (CUDA's tables); an arch not listed is
+#: given the smallest (sm_86/sm_89/sm_120: 99 KB)
+SHARED_BYTES = {80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}
+SHARED_BYTES_SMALLEST = 99 * 1024
+
+
+def shared_room(archs: Any) -> int:
+    """What every arch of ``archs`` gives a block: the binaries of one config run on each."""
+    return min(SHARED_BYTES.get(a, SHARED_BYTES_SMALLEST) for a in archs)
+
+
+def shared_bytes(config: GemmConfig) -> int:
+    """What the pipelined fp16/bf16 x and w tiles of one program take: two of each in flight
+    (Triton's 3 stages), as the compiler allocated on sm_80 and sm_90 for every tile of 32..128
+    columns x 128..256 of K (24,576 to 147,456 B)."""
+    return 2 * (16 * config.block_k + config.block_k * config.block_n) * 2
+
+
+def table_config(n: int, k: int, room: int = SHARED_BYTES[90]) -> GemmConfig:
+    """The config for an [N, K] weight without a GPU to time it: the one measured on sm_90 where
+    its tiles fit ``room`` bytes of shared memory (128 x 256 takes 147 KB: past sm_86/sm_89's
+    99 KB), else the rule the measurements follow (one program per 32 columns; split over K in
+    4 when that leaves fewer than two programs per SM of an H100/H200 and K has room for it)."""
+    measured = MEASURED_SM90.get((n, k))
+    if measured is not None and shared_bytes(measured) <= room:
+        return measured
     block_k = 256 if k >= 256 else max(triton.next_power_of_2(k), 16)
     split = 4 if triton.cdiv(n, 32) < 264 and k >= 4 * block_k else 1
     return GemmConfig(block_n=32, block_k=block_k, split_k=split, dot=True)
@@ -170,21 +190,24 @@ def candidates(first: GemmConfig, k: int) -> list[GemmConfig]:
 _TUNED: dict[tuple, GemmConfig] = {}
 
 
-def tune(rows: int, weight: torch.Tensor, bias: torch.Tensor | None = None) -> GemmConfig:
-    """The fastest of :func:`candidates` for ``F.linear`` with ``rows`` rows and ``weight``
-    [N, K] on its GPU, the split-K's second launch included (timed by ``triton.testing``; once
-    per (N, K, dtype, bias, GPU) in a process). Without a GPU: the table's config."""
+def tune(rows: int, weight: torch.Tensor, bias: torch.Tensor | None = None,
+         room: int = SHARED_BYTES[90]) -> GemmConfig:
+    """The fastest of :func:`candidates` whose tiles fit ``room`` bytes of shared memory (and
+    this GPU's) for ``F.linear`` with ``rows`` rows and ``weight`` [N, K] on its GPU, the
+    split-K's second launch included (timed by ``triton.testing``; once per (N, K, dtype, bias,
+    GPU, room) in a process). Without a GPU: the table's config."""
     n, k = weight.shape
-    first = table_config(n, k)
     if not weight.is_cuda:
-        return first
-    key = (n, k, weight.dtype, bias is not None, torch.cuda.get_device_name(weight.device))
+        return table_config(n, k, room)
+    room = min(room, torch.cuda.get_device_properties(weight.device).shared_memory_per_block_optin)
+    first = table_config(n, k, room)
+    key = (n, k, weight.dtype, bias is not None, torch.cuda.get_device_name(weight.device), room)
     if key not in _TUNED:
         x = torch.randn(rows, k, dtype=weight.dtype, device=weight.device)
         w = weight.t()
         times = {c: triton.testing.do_bench(lambda c=c: skinny_matmul(x, w, bias, config=c),
                                             warmup=5, rep=20)
-                 for c in candidates(first, k)}
+                 for c in candidates(first, k) if shared_bytes(c) <= room}
         _TUNED[key] = min(times, key=times.get)
     return _TUNED[key]
 
