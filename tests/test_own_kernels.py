@@ -18,6 +18,7 @@ import kernel_lens as kl
 from kernel_lens.codegen.launch_io import root_of
 from kernel_lens.frontends.own_kernels import OwnKernels
 from kernel_lens.kernels import decode_attention, skinny_matmul
+from kernel_lens.kernels.decode_attention import split_count
 from kernel_lens.kernels.skinny_gemm import MEASURED_SM90, GemmConfig, candidates, table_config
 from kernel_lens.kernels.skinny_gemm import linear as own_linear
 from kernel_lens.onnx.graph_passes import GraphPassManager, resolve
@@ -492,7 +493,8 @@ class _Attend(torch.nn.Module):
                                             ("written", 1, True),
                                             ("causal", 1, False), ("float_mask", 1, False),
                                             ("mask", 2, False), ("head_mask", 1, False)])
-def test_optimize_2_takes_one_position_attention_and_leaves_the_rest_to_onnx(how, rows, taken):
+def test_optimize_2_takes_one_position_attention_and_leaves_the_rest_to_onnx(how, rows, taken, caplog):
+    caplog.set_level(logging.INFO, logger="kernel_lens")
     g = _g(60)
     q = torch.randn(2, 8, rows, 16, generator=g).half()
     k, v = torch.randn(2, 2, 24, 16, generator=g).half(), torch.randn(2, 2, 24, 16, generator=g).half()
@@ -505,6 +507,10 @@ def test_optimize_2_takes_one_position_attention_and_leaves_the_rest_to_onnx(how
         split = next(l for l in c.ir.launches if l.kernel.startswith("_decode_split"))
         k_root = root_of(c.ir, next(a.value for a in split.args if a.name == "k_ptr"))
         assert (k_root == "k") == (how != "written"), k_root
+        heads = 8 if how == "written" else 2  # the copies have a key head per query head
+        assert tuple(split.captured_grid) == (2, heads, split_count(2, heads, 24))  # a program a key head
+    else:  # the capture left it to SDPA itself: no capture taken back after the trace
+        assert "capturing again" not in caplog.text
     got = c.run(q.clone(), k.clone(), v.clone(), mask.clone())
     torch.testing.assert_close(got, eager_on_cpu(model, (q, k, v, mask)), rtol=2e-3, atol=2e-3)
 
@@ -597,7 +603,6 @@ def test_decode_attention_fits_the_shared_memory_of_every_tensor_core_gpu_at_hea
                                                      (8, 8, 4096, 5), (32, 8, 4096, 2), (64, 8, 4096, 1),
                                                      (1, 1, 40, 1), (1, 1, 65, 2)])
 def test_split_count_fills_the_gpu_without_slices_shorter_than_a_block(batch, kv_heads, keys, want):
-    from kernel_lens.kernels.decode_attention import split_count
     assert split_count(batch, kv_heads, keys) == want
 
 

@@ -329,6 +329,36 @@ def test_artifact_cache_entry_is_sealed_and_reused(toy_ir, kl_cache):
     assert again.artifacts["ir"] == first.artifacts["ir"] and again.artifacts["ir"].read_bytes() == ir_bytes
 
 
+@pytest.mark.parametrize("theirs", ["sound", "tampered"])
+def test_artifact_cache_entry_another_process_wrote_meanwhile_is_checked_before_use(toy_ir, kl_cache,
+                                                                                   monkeypatch, theirs):
+    """The rename loses a race: the entry the other process made is used only if it is sound, and
+    this process's own folder is removed either way."""
+    import shutil
+
+    import kernel_lens.compiler as compiler
+    real = os.replace
+
+    def racing(src, dst):
+        dst = Path(dst)
+        if dst.parent == kl_cache / cache.ARTIFACTS and not dst.name.startswith("."):
+            shutil.copytree(src, dst, symlinks=True)  # the other process's entry, renamed first
+            if theirs == "tampered":
+                ir = next(dst.glob("*.ir.json"))
+                ir.chmod(0o644)
+                ir.write_bytes(ir.read_bytes().replace(b'"ToyModel"', b'"Evil0000"', 1))
+            raise OSError(39, "Directory not empty")
+        return real(src, dst)
+    monkeypatch.setattr(compiler.os, "replace", racing)
+    if theirs == "tampered":
+        with pytest.raises(CacheError, match="written meanwhile but cannot be trusted"):
+            _compile_into_cache(CompiledModel(toy_ir), [])
+    else:
+        got = _compile_into_cache(CompiledModel(toy_ir), [])
+        assert got.artifacts["ir"].parent == _entry(kl_cache) and got.ir.name == toy_ir.name
+    assert [p.name for p in (kl_cache / cache.ARTIFACTS).iterdir() if p.name.startswith(".")] == []
+
+
 @pytest.mark.parametrize("how, why", [
     ("tampered", "does not match the hash recorded"),
     ("extra_file", "differ from those recorded"),
