@@ -340,3 +340,16 @@ def test_sort_is_topk_over_the_whole_dim_ties_by_index_and_refuses_nan_at_run_ti
         assert all(torch.equal(a, b) for a, b in zip(got, want))
     with pytest.raises(UntracedBranchError, match=r"torch.sort \(aten.sort.stable, position \d+\) got a NaN"):
         c.run(torch.tensor([1., float("nan"), 0., 2., 1., 1.]), ids.clone())
+
+
+@pytest.mark.parametrize("elements", [2, 20_000])  # 8 bytes (kept whole), 80 KB (its type only)
+def test_check_types_sees_the_type_of_an_initializer_of_any_size(elements):
+    """int32 GatherND indices held as an initializer are refused whatever their size: the check
+    drops no initializer (small ones stay, larger ones become inputs of their type)."""
+    data = helper.make_tensor("data", onnx.TensorProto.FLOAT, [4, 3], np.zeros(12, np.float32).tobytes(), raw=True)
+    indices = helper.make_tensor("i", onnx.TensorProto.INT32, [elements, 1],
+                                 np.zeros(elements, np.int32).tobytes(), raw=True)
+    g = helper.make_graph([helper.make_node("GatherND", ["data", "i"], ["y"], name="gather")], "g", [],
+                          [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], [data, indices])
+    with pytest.raises(UnsupportedKernelError, match="gather.*int32"):
+        check_types(helper.make_model(g, opset_imports=[helper.make_opsetid("", MIN_OPSET)]))

@@ -610,6 +610,8 @@ def test_decode_attention_refuses_what_it_is_not_for_naming_the_shapes():
     q, k = torch.randn(2, 8, 16).half(), torch.randn(2, 2, 24, 16).half()
     with pytest.raises(ValueError, match=r"got \(2, 8, 16\), \(2, 2, 24, 16\), \(2, 2, 20, 16\), None"):
         decode_attention(q, k, torch.randn(2, 2, 20, 16).half())
+    with pytest.raises(ValueError, match=r"got \(2, 8, 16\), \(2, 2, 24, 16\), \(2, 2, 24, 16\), \(3,\)"):
+        decode_attention(q, k, k, torch.ones(3, dtype=torch.int32))  # a length per sequence: 2
     with pytest.raises(ValueError, match="decode_attention needs the last dim of q, k and v contiguous"):
         decode_attention(q, k.transpose(2, 3).contiguous().transpose(2, 3), k)
     for bad in (torch.ones(2, 23, dtype=torch.bool), torch.ones(2, 24, 2, dtype=torch.bool)[..., 0],
