@@ -597,6 +597,10 @@ def test_decode_attention_fits_the_shared_memory_of_every_tensor_core_gpu_at_hea
               for b in kern.binaries]
     assert shared and max(shared) <= 99 * 1024
     assert torch.equal(c.run(q, k, v), eager_on_cpu(lambda *a: decode_attention(*a, splits=2), (q, k, v)))
+    from kernel_lens.frontends.own_kernels import _attention_fits  # -O2 leaves bigger heads to SDPA
+    assert _attention_fits(q[:, :, None], k, v, 0.0, False, None)
+    big = torch.randn(1, 2, 40, 1024).half()
+    assert not _attention_fits(torch.randn(1, 8, 1, 1024).half(), big, big, 0.0, False, None)
 
 
 @pytest.mark.parametrize("batch,kv_heads,keys,want", [(1, 8, 256, 4), (1, 8, 4096, 16), (8, 8, 256, 4),

@@ -403,7 +403,7 @@ def _one(size: Any) -> bool:
 
 def _attention_fits(q: Any, k: Any, v: Any, dropout_p: Any, is_causal: Any, scale: Any) -> bool:
     """One query position, fp16/bf16, K/V of one shape with head counts dividing the query's,
-    one head size, last dims contiguous, no dropout, not causal, a constant scale."""
+    one head size of at most 512, last dims contiguous, no dropout, not causal, a constant scale."""
     tensors = (q, k, v)
     if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in tensors):
         return False
@@ -416,6 +416,8 @@ def _attention_fits(q: Any, k: Any, v: Any, dropout_p: Any, is_causal: Any, scal
         return False
     heads, kv_heads = q.shape[1], k.shape[1]
     if not all(isinstance(d, int) for d in (heads, kv_heads, v.shape[1], q.shape[3], k.shape[3], v.shape[3])):
+        return False
+    if q.shape[3] > 512:  # past 512 even a 16-key K/V tile outgrows sm_86/sm_89's shared memory
         return False
     return heads % kv_heads == 0 and v.shape[1] == kv_heads and q.shape[3] == k.shape[3] == v.shape[3] \
         and _same(q.shape[0], k.shape[0]) and _same(k.shape[0], v.shape[0]) and _same(k.shape[2], v.shape[2])
