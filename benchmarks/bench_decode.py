@@ -966,6 +966,8 @@ def plot(result: dict, path: str) -> None:
     if not panels:
         return
     cmap = plt.get_cmap("tab20")
+    runs = sorted({r["tokens"] for r in env.get("merged_from", []) if r.get("tokens")} or {env["tokens"]})
+    tokens = "/".join(str(t) for t in runs)  # merged runs may have decoded different lengths
     fig, axes = plt.subplots(len(panels), 1, figsize=(13, 4.2 * len(panels)), squeeze=False)
     for ax, (kind, context) in zip(axes[:, 0], panels):
         if kind == "decode":
@@ -973,12 +975,14 @@ def plot(result: dict, path: str) -> None:
                   lambda b: f"batch {b}")
             ax.set_ylabel("ms per token (median)")
             ax.set_title(f"LLaMA decode step, static KV cache of {context} positions "
-                         f"({env['dtype']}, hidden 4096, 4 layers, {env['tokens']} greedy tokens) "
+                         f"({env['dtype']}, hidden 4096, 4 layers, {tokens} greedy tokens) "
                          f"on {env['gpu']}", fontsize=9)
         else:
             _bars(ax, cmap, block_rows, "tokens", "ms", lambda t: f"{t} tokens")
-            ax.set_yscale("log")
-            ax.set_ylabel("ms per forward (median, log)")
+            spread = max(r["ms"] for r in block_rows) / min(r["ms"] for r in block_rows)
+            if spread > 10:  # 8 and 2048 tokens side by side; else a linear axis from 0
+                ax.set_yscale("log")
+            ax.set_ylabel(f"ms per forward (median{', log' if spread > 10 else ''})")
             ax.set_title(f"One LLaMA block (examples/llama_block.py, {env['dtype']}, hidden 4096, "
                          f"FFN 11008, batch 1) on {env['gpu']}", fontsize=9)
     # one legend for every panel: a variant has the same colour throughout

@@ -87,7 +87,8 @@ def load(paths: list[str | Path]) -> dict:
         if merged["env"] is None:
             merged["env"] = dict(env, merged_from=[])
         merged["env"]["merged_from"].append({"path": str(path), "date": env.get("date"),
-                                             "contexts": env.get("contexts")})
+                                             "contexts": env.get("contexts"),
+                                             "tokens": env.get("tokens") if result.get("rows") else None})
         old_context = env.get("config", {}).get("max_len")
         graphs = {(r.get("context", old_context), r.get("batch")): r["ms_per_token"]
                   for r in result.get("rows", []) if r["variant"] == "eager_cuda_graph" and "ms_per_token" in r}
@@ -103,8 +104,11 @@ def load(paths: list[str | Path]) -> dict:
         merged["skipped"] += result.get("skipped", [])
         for key, error in result.get("errors", {}).items():
             merged["errors"][key if key not in merged["errors"] else f"{path}: {key}"] = error
-    if len(paths) == 1:
-        del merged["env"]["merged_from"]
+    if len(paths) == 1:  # one file: what it was merged from, if it was
+        if env.get("merged_from"):
+            merged["env"]["merged_from"] = env["merged_from"]
+        else:
+            del merged["env"]["merged_from"]
     return dict(merged, rows=list(merged["rows"].values()),
                 block_rows=list(merged["block_rows"].values()))
 

@@ -28,3 +28,13 @@ def test_merged_rows_keep_the_ratio_to_their_own_runs_cuda_graph(tmp_path):
     assert rows[(256, 1, "kernel_lens_run_cuda_graph_o1")]["run_date"] == "d1"
     assert rows[(256, 1, "kernel_lens_run_cuda_graph_o2")]["vs_eager_cuda_graph"] == 0.8  # 0.4 / 0.5
     assert "vs_eager_cuda_graph" not in rows[(4096, 1, "kernel_lens_run_cuda_graph_o2")]  # no graph row there
+
+
+def test_a_merged_file_loaded_again_keeps_what_it_was_merged_from(tmp_path):
+    a = _run(tmp_path / "a.json", "d1", [{"context": 256, "batch": 1, "variant": "eager", "ms_per_token": 3.0}])
+    b = _run(tmp_path / "b.json", "d2", [{"context": 256, "batch": 8, "variant": "eager", "ms_per_token": 3.5}])
+    merged = tmp_path / "merged.json"
+    merged.write_text(json.dumps(T.load([a, b])))
+    again = T.load([merged])
+    assert [m["date"] for m in again["env"]["merged_from"]] == ["d1", "d2"] and len(again["rows"]) == 2
+    assert "merged_from" not in T.load([a])["env"]
