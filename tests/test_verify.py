@@ -171,3 +171,28 @@ def test_verify_of_a_folder_claiming_huge_sizes_allocates_nothing_past_the_cap(m
     example = module.example_inputs[0].shape[0]
     assert asked == [{name: example}]  # the model file's example size, and nothing else
     assert not report.ok and f"its range starts at {2 ** 30}, above the cap 64" in report.text()
+
+
+def test_a_difference_where_the_model_runs_its_own_kernels_names_them_and_the_way_out():
+    """-O2 puts kernel_lens's own GEMM where eager runs F.linear: a value difference says so (on a
+    GPU the sums differ in order); a model without own kernels gets no such words."""
+    import kernel_lens as kl
+    from kernel_lens.verify import own_kernels_note
+
+    class Linear(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.lin = torch.nn.Linear(64, 32).half()
+
+        def forward(self, x):
+            return self.lin(x)
+    model, x = Linear(), torch.randn(2, 64).half()
+    ir = kl.compile(model, (x,), optimize=2, arch=90).ir.model_copy(deep=True)
+    (name, weight), = [(n, c) for n, c in ir.constants.items() if c.shape == [32, 64]]
+    ir.constants[name] = weight.model_copy(update={"data": bytes(len(weight.data))})  # all zeros
+    report = verify(model, (x,), None, CompiledModel(ir), ["x"])
+    (bad,) = [o for s in report.sets for o in s.outputs]
+    assert bad.problem.startswith("not within") and "own kernels (_skinny_gemm: optimize=2)" in bad.problem
+    assert "--opt-level 1" in bad.problem
+    assert own_kernels_note(model_ir(EXAMPLES / "toy_two_kernels.py")) == ""
