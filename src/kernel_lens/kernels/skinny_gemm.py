@@ -146,7 +146,7 @@ MEASURED_SM90: dict[tuple[int, int], GemmConfig] = {
 #: Dynamic shared memory a block may opt in to, by arch (CUDA's tables); an arch not listed is
 #: given the smallest (sm_86/sm_89/sm_120: 99 KB)
 SHARED_BYTES = {80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}
-SHARED_BYTES_SMALLEST = 99 * 1024
+SHARED_BYTES_SMALLEST = min(SHARED_BYTES.values())
 
 
 def shared_room(archs: Any) -> int:

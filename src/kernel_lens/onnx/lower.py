@@ -729,6 +729,12 @@ def lowering_key(ir: GraphIR, opset: int) -> str:
                               ir.fingerprint())
 
 
+def _raw_bytes(model: onnx.ModelProto) -> int:
+    """The raw data of every tensor of ``model`` (initializers, attribute tensors, subgraphs,
+    functions), in bytes: what decides external data (``ByteSize()`` of GBs takes seconds)."""
+    return sum(len(t.raw_data) for t, _ in tensors(model))
+
+
 def lower_to_onnx_cached(ir: GraphIR, *, opset: int = MIN_OPSET) -> onnx.ModelProto:
     """:func:`lower_to_onnx`, reused from the kernel_lens cache when the same IR was lowered by
     the same lowering code and library versions (a recompile with nothing changed never imports
@@ -741,8 +747,7 @@ def lower_to_onnx_cached(ir: GraphIR, *, opset: int = MIN_OPSET) -> onnx.ModelPr
         except Exception:  # noqa: BLE001 - a damaged entry is rebuilt
             pass
     model = lower_to_onnx(ir, opset=opset)
-    raw = sum(len(t.raw_data) for t, _ in tensors(model))  # ByteSize() of GBs takes seconds
-    if raw < EXTERNAL_DATA_BYTES and model.ByteSize() < EXTERNAL_DATA_BYTES:
+    if _raw_bytes(model) < EXTERNAL_DATA_BYTES and model.ByteSize() < EXTERNAL_DATA_BYTES:
         entry_cache.write("onnx", key, model.SerializeToString(), ".onnx")
     return model
 
@@ -755,7 +760,7 @@ def save_onnx(model: onnx.ModelProto, path: Union[str, Path]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     check_locations(model, path)
-    big = sum(len(t.raw_data) for t, _ in tensors(model)) > EXTERNAL_DATA_BYTES
+    big = _raw_bytes(model) > EXTERNAL_DATA_BYTES
     if not big:
         return atomic_write(path, model.SerializeToString())
     # Past protobuf's 2 GB limit: write both files in a private folder beside, then move them in.
