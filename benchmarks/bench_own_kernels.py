@@ -1,9 +1,13 @@
 """kernel_lens's own decode kernels (issue 41) against what the graph runs today, one GPU, one run:
 
 * skinny GEMM ``x @ W.t()`` (``kernel_lens.kernels.skinny_matmul``) vs ``torch.nn.functional.linear``
-  (cuBLAS; what ORT's MatMul calls too) on the decode model's weights (examples/llama_decode.py,
-  size ``bench``: hidden 4096, FFN 11008, 8 of 32 heads for K/V, vocab 32000), M = 1 and 8 rows,
-  fp16; every config of a small grid (``CONFIGS``) timed, the fastest kept per shape;
+  (cuBLAS; what ORT's MatMul calls too) on the decode model's weights as -O2 runs them
+  (examples/llama_decode.py, size ``bench``: hidden 4096, FFN 11008, 8 of 32 heads for K/V, vocab
+  32000; q/k/v and gate/up concatenated), M = 1 and 8 rows, fp16; the configs ``tune()`` times
+  (``candidates`` of the table's, then ``deeper``: pipelining depth and warps of the best), the
+  fastest kept per shape;
+* with ``--read``, the read ceiling: a streaming read (``_read_all``) of all the weights and of
+  each weight, the fastest of a few grids;
 * split-KV decode attention (``kernel_lens.kernels.decode_attention``) vs
   ``torch.nn.functional.scaled_dot_product_attention`` on the same [B, 8, S, 128] cache (32 query
   heads, K/V expanded to 32 heads for SDPA as the graph does), S = 256 and 4096, B = 1 and 8.
@@ -29,6 +33,7 @@ from pathlib import Path
 
 import torch
 import triton
+import triton.language as tl
 from triton.testing import do_bench_cudagraph
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,15 +41,51 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from kernel_lens.kernels import decode_attention, skinny_matmul  # noqa: E402
 from kernel_lens.kernels.decode_attention import split_count  # noqa: E402
-from kernel_lens.kernels.skinny_gemm import GemmConfig  # noqa: E402
+from kernel_lens.kernels.skinny_gemm import candidates, deeper, table_config  # noqa: E402
 
-# (name, N, K) of the decode model's linear layers
-SHAPES = [("q/o proj", 4096, 4096), ("k/v proj", 1024, 4096), ("gate/up", 11008, 4096),
+# (name, N, K) of the decode model's linear layers as -O2 runs them (q/k/v and gate/up fused)
+SHAPES = [("q/k/v fused", 6144, 4096), ("o proj", 4096, 4096), ("gate/up fused", 22016, 4096),
           ("down", 4096, 11008), ("lm head", 32000, 4096)]
-CONFIGS = [GemmConfig(block_n=bn, block_k=bk, split_k=sk, num_warps=w, dot=dot)
-           for bn, bk, sk, w, dot in itertools.product((32, 64, 128), (128, 256), (1, 2, 4), (4,), (False, True))
-           if not (dot and bn < 32)]
 SPLITS = (4, 8, 16, 32)
+
+
+@triton.jit
+def _read_all(x_ptr, out_ptr, n, per, BLOCK: tl.constexpr):
+    """Each program reads ``per`` consecutive elements of x (fp16), BLOCK at a time, and stores
+    their sum: a streaming read, the most a weight-streaming kernel could reach."""
+    start = tl.program_id(0).to(tl.int64) * per
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for i in range(0, per, BLOCK):
+        offs = start + i + tl.arange(0, BLOCK)
+        acc += tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
+    tl.store(out_ptr + tl.program_id(0), tl.sum(acc, axis=0))
+
+
+def read_rows(peak: float) -> list[dict]:
+    """The read ceiling: a streaming read of the decode model's weights (1.68 GB at -O2's
+    shapes) and of each weight alone, the fastest of a few grids and block sizes."""
+    rows = []
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    total = sum(n * k for _, n, k in SHAPES) * 4 - 32000 * 4096 * 3  # 4 layers, one lm head
+    for name, elements in [("all weights (4 layers + lm head)", total)] + [(n, a * b) for n, a, b in SHAPES]:
+        x = torch.ones(elements, dtype=torch.float16, device="cuda")
+        best = None
+        for programs, block in itertools.product((sms, 2 * sms, 4 * sms, 8 * sms), (1024, 2048, 4096)):
+            per = triton.cdiv(triton.cdiv(elements, programs), block) * block
+            grid = triton.cdiv(elements, per)
+            out = torch.empty(grid, dtype=torch.float32, device="cuda")
+            us = _us(lambda: _read_all[(grid,)](x, out, elements, per, BLOCK=block, num_warps=8))
+            if best is None or us < best[0]:
+                best = (us, programs, block)
+        nbytes = elements * 2
+        row = {"op": "read", "name": name, "bytes": nbytes, "us": round(best[0], 2),
+               "tb_per_s": round(nbytes / (best[0] * 1e-6) / 1e12, 3),
+               "hbm_fraction": round(nbytes / (best[0] * 1e-6) / (peak * 1e12), 3),
+               "programs": best[1], "block": best[2]}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        del x
+    return rows
 
 
 def _us(fn) -> float:
@@ -63,17 +104,20 @@ def gemm_rows(ms: list[int], peak: float, dtype) -> list[dict]:
         torch_us = _us(lambda: torch.nn.functional.linear(x, w))
         torch_diff = (torch.nn.functional.linear(x, w).double() - ref).abs().max().item()
         best = None
-        for cfg in CONFIGS:
-            if m > 16 or (cfg.dot is False and cfg.block_n * cfg.block_k * max(2, triton.next_power_of_2(m)) > 65536):
-                continue
-            try:
-                out = skinny_matmul(x, wt, config=cfg)
-                us = _us(lambda: skinny_matmul(x, wt, config=cfg))
-            except Exception as exc:  # noqa: BLE001 - a config that does not fit the chip
-                print(f"  {name} M={m} {cfg}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
-                continue
-            if best is None or us < best[0]:
-                best = (us, cfg, out)
+        tried = 0
+        for round_ in (candidates(table_config(n, k), k), None):  # as tune(): then the best one deeper
+            for cfg in round_ if round_ is not None else deeper(best[1]):
+                try:
+                    out = skinny_matmul(x, wt, config=cfg)
+                    us = _us(lambda: skinny_matmul(x, wt, config=cfg))
+                except Exception as exc:  # noqa: BLE001 - a config that does not fit the chip
+                    print(f"  {name} M={m} {cfg}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+                    continue
+                tried += 1
+                if best is None or us < best[0]:
+                    best = (us, cfg, out)
+            if round_ is not None:
+                first_round = best
         us, cfg, out = best
         again = skinny_matmul(x, wt, config=cfg)
         row = {"op": "gemm", "name": name, "M": m, "N": n, "K": k, "dtype": str(dtype).removeprefix("torch."),
@@ -81,7 +125,9 @@ def gemm_rows(ms: list[int], peak: float, dtype) -> list[dict]:
                "own_over_torch": round(us / torch_us, 3),
                "torch_hbm_fraction": round(nbytes / (torch_us * 1e-6) / (peak * 1e12), 3),
                "own_hbm_fraction": round(nbytes / (us * 1e-6) / (peak * 1e12), 3),
-               "own_config": cfg.__dict__, "torch_max_abs_diff": torch_diff,
+               "own_config": cfg.__dict__, "configs_timed": tried,
+               "first_round_us": round(first_round[0], 2), "first_round_config": first_round[1].__dict__,
+               "torch_max_abs_diff": torch_diff,
                "own_max_abs_diff": (out.double() - ref).abs().max().item(),
                "own_bit_stable": bool(torch.equal(out, again))}
         print(json.dumps(row), flush=True)
@@ -139,8 +185,12 @@ def plot(result: dict, path: str) -> None:
     import matplotlib  # noqa: PLC0415
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
-    rows = result["rows"]
+    rows = [r for r in result["rows"] if r["op"] != "read"]
+    ceiling = next((r for r in result["rows"] if r["op"] == "read" and r["name"].startswith("all")), None)
     fig, ax = plt.subplots(figsize=(11, 4))
+    if ceiling is not None:
+        ax.axhline(ceiling["hbm_fraction"], color="gray", linestyle="--",
+                   label=f"streaming read of all weights ({ceiling['tb_per_s']} TB/s)")
     labels = [f"{r['name']} M={r['M']}" if r["op"] == "gemm" else f"attn B={r['B']} S={r['S']}" for r in rows]
     xs = range(len(rows))
     ax.bar([x - 0.2 for x in xs], [r["torch_hbm_fraction"] for r in rows], 0.4, label="torch (cuBLAS / SDPA)")
@@ -162,6 +212,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="*", default=[1, 8], help="GEMM rows (none: no GEMM rows)")
     ap.add_argument("--batches", type=int, nargs="*", default=[1, 8], help="attention batches (none: none)")
     ap.add_argument("--contexts", type=int, nargs="+", default=[256, 4096])
+    ap.add_argument("--read", action="store_true", help="also the streaming-read ceiling rows")
     args = ap.parse_args()
     if args.from_json:
         plot(json.loads(Path(args.from_json).read_text()), args.plot)
@@ -172,6 +223,8 @@ def main() -> None:
            "cuda": torch.version.cuda, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "hbm_peak_tbs": args.hbm_peak_tbs, "timing": "do_bench_cudagraph median, rep=40 ms"}
     result = {"env": env, "rows": []}
+    if args.read:
+        result["rows"] += read_rows(args.hbm_peak_tbs)
     result["rows"] += gemm_rows(args.rows, args.hbm_peak_tbs, torch.float16)
     result["rows"] += attention_rows(args.batches, args.contexts, args.hbm_peak_tbs, torch.float16)
     env["run_s"] = round(time.time() - start, 1)

@@ -7,6 +7,7 @@ is measured on the GPU host (benchmarks/bench_own_kernels.py, bench_decode.py)."
 
 import logging
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -148,6 +149,11 @@ def _own(graph):
     return sorted(l for l in (k.name for k in graph.kernels.values()) if l.startswith("_skinny_gemm"))
 
 
+def _with_residual(graph):
+    return [l for l in graph.launches if l.kernel.startswith("_skinny_gemm")
+            and any(a.name == "HAS_RES" and a.constant is True for a in l.args)]
+
+
 def _with_own_kernels(model, inputs):
     """The reference for optimize=2: the forward with kernel_lens's own GEMM where it takes
     F.linear (the same code the capture runs), its launches in Triton's interpreter."""
@@ -256,8 +262,10 @@ def test_optimize_2_on_the_decode_step_splits_the_batch_at_16():
                    roles=D.roles)
     small, large = (p.graph for p in c.ir.pieces)
     assert [p.when[0].ranges["batch"] for p in c.ir.pieces] == [(2, 16), (17, 256)]
-    # q/k/v and gate/up fused: 4 GEMMs a layer, and the lm head
-    assert sum(l.kernel.startswith("_skinny_gemm") for l in small.launches) == 4 * model.n_layers + 1
+    # q/k/v and gate/up fused: 4 GEMMs a layer, and the lm head; o and down again with the
+    # residual in their epilogue (the first launches are dropped by the lowering)
+    assert sum(l.kernel.startswith("_skinny_gemm") for l in small.launches) == 6 * model.n_layers + 1
+    assert len(_with_residual(small)) == 2 * model.n_layers
     assert _own(large) == []
     for piece in (small, large):
         assert sum(l.kernel.startswith("_decode_split") for l in piece.launches) == model.n_layers
@@ -387,7 +395,8 @@ def test_optimize_2_runs_sibling_calls_on_one_input_as_one_gemm():
     model, x = _Siblings(), torch.randn(2, 3, 64).half()
     c = kl.compile(model, (x,), optimize=2, arch=90)
     gemms = [l for l in c.ir.launches if l.kernel.startswith("_skinny_gemm")]
-    assert len(gemms) == 6  # q/k/v, g/u, a, b, and each F.linear(h, w)
+    assert len(gemms) == 7  # q/k/v, g/u, a, b, each F.linear(h, w), and c's again with d as residual
+    assert len(_with_residual(c.ir)) == 1
     weights = {c.ir.values[a.value].shape[1] for l in gemms for a in l.args if a.name == "w_ptr"}
     assert {64, 80} <= {int(n) for n in weights}  # the concatenated [64, 32+16+16] and [64, 40+40]
     got = c.run(x.clone())
@@ -622,3 +631,89 @@ def test_decode_attention_refuses_what_it_is_not_for_naming_the_shapes():
                 torch.ones(24, dtype=torch.bool)):
         with pytest.raises(ValueError, match="mask is bool"):  # wrong length, strided, 1-D
             decode_attention(q, k, k, mask=bad)
+
+
+# ----------------------------------------------------------------------------- residual epilogue
+
+
+class _Residual(torch.nn.Module):
+    """A pre-norm block's two residual adds (``h + a(h)``, ``b(h) + h``), an add whose other side
+    is broadcast (not the epilogue's), and a GEMM result read twice (both launches stay)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(6)
+        self.a = torch.nn.Linear(64, 64).half()
+        self.b = torch.nn.Linear(64, 64, bias=False).half()
+        self.c = torch.nn.Linear(64, 64, bias=False).half()
+        self.d = torch.nn.Linear(64, 64, bias=False).half()
+
+    def forward(self, x):
+        h = torch.empty_like(x)
+        _double_kernel[(triton.cdiv(x.numel(), 256),)](x, h, x.numel(), BLOCK=256)
+        h = h + self.a(h)
+        h = torch.add(self.b(h), h)
+        row = self.c(h)
+        wide = row + h[:, :1]  # broadcast: ONNX Add
+        twice = self.d(row)
+        return wide + twice, twice * 2
+
+
+def test_optimize_2_adds_a_residual_in_the_gemm_epilogue_with_the_bits_of_the_add():
+    from kernel_lens.onnx.lower import lower_to_onnx
+    model, x = _Residual(), torch.randn(2, 3, 64).half()
+    c = kl.compile(model, (x,), optimize=2, arch=90)
+    gemms = [l for l in c.ir.launches if l.kernel.startswith("_skinny_gemm")]
+    assert len(gemms) == 4 + 3 and len(_with_residual(c.ir)) == 3  # a, b and d's add into wide + twice
+    graph = lower_to_onnx(c.ir).graph
+    kept = [n for n in graph.node if n.op_type.startswith("_skinny_gemm")]
+    assert len(kept) == 5  # a's and b's first launch dropped; d's result is also read by twice * 2
+    assert [n.op_type for n in graph.node].count("Add") == 1  # the broadcast one
+    got = c.run(x.clone())
+    ref = _with_own_kernels(model, (x,))
+    assert all(torch.equal(g, r) for g, r in zip(got, ref))
+    unfused = OwnKernels(90)  # the GEMM's result rounded, then torch's add: the same bits
+    unfused.excluded = {("residual", s) for s in range(4)}
+    with unfused.active(model, tracing=False):
+        plain = eager_on_cpu(model, (x,))
+    assert not any(unfused.residual_taken.values())
+    assert all(torch.equal(g, p) for g, p in zip(got, plain))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_skinny_matmul_residual_is_the_rounded_result_plus_the_residual(dtype):
+    """Inputs whose sums land between the dtype's numbers: adding before rounding differs."""
+    x, w = (torch.randn(3, 128, generator=_g(40)) * 3).to(dtype), torch.randn(128, 96, generator=_g(41)).to(dtype)
+    r = (torch.randn(3, 96, generator=_g(42)) * 50).to(dtype)
+    for cfg in (GemmConfig(block_n=32, block_k=64, split_k=1, dot=True), GemmConfig(block_n=32, block_k=32, split_k=2)):
+        y, fused = eager_on_cpu(lambda a, b, c: (skinny_matmul(a, b, config=cfg), skinny_matmul(a, b, None, c, config=cfg)),
+                                (x, w, r))
+        assert torch.equal(fused, y + r)
+        once = (x.float() @ w.float() + r.float()).to(dtype)  # one rounding: what the epilogue must not do
+        assert not torch.equal(once, fused)
+
+
+def test_skinny_matmul_refuses_a_residual_with_strided_rows():
+    with pytest.raises(ValueError, match="residual"):
+        skinny_matmul(torch.randn(2, 8), torch.randn(8, 4), None, torch.randn(4, 2).t())
+
+
+def test_the_second_round_of_tuning_varies_the_pipelining_depth_and_warps():
+    from kernel_lens.kernels.skinny_gemm import deeper, shared_bytes
+    best = GemmConfig(block_n=64, block_k=256, split_k=1, dot=True)
+    assert [(c.num_stages, c.num_warps) for c in deeper(best)] == [(2, 4), (4, 4), (5, 4), (3, 8)]
+    assert all(replace(c, num_stages=3, num_warps=4) == best for c in deeper(best))
+    assert [(c.num_stages, c.num_warps) for c in deeper(replace(best, num_warps=8, num_stages=4))] == \
+        [(2, 8), (3, 8), (5, 8)]
+    # one tile of x and w in flight per stage after the first
+    assert shared_bytes(best) == 2 * (16 * 256 + 256 * 64) * 2
+    assert shared_bytes(replace(best, num_stages=5)) == 4 * (16 * 256 + 256 * 64) * 2
+    assert shared_bytes(replace(best, num_stages=1)) == shared_bytes(replace(best, num_stages=2))
+
+
+def test_the_pipelining_depth_reaches_the_launch():
+    from kernel_lens.frontends.capture.recorder import capture
+    x, w = torch.randn(2, 64).half(), torch.randn(64, 32).half()
+    cfg = GemmConfig(block_n=32, block_k=32, num_stages=5, num_warps=8, dot=True)
+    launch = capture(lambda a, b: skinny_matmul(a, b, config=cfg), (x, w), 90).launches[0]
+    assert (launch.options["num_stages"], launch.options["num_warps"]) == (5, 8)

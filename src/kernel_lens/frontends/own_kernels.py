@@ -23,6 +23,12 @@ After the first capture (:meth:`OwnKernels.plan`):
   as a weight); the kernel writes each call's result as its own contiguous tensor (segments of
   one buffer: no split, no copy). Every output column is computed as the call alone would
   compute it with the same config.
+* **Residual adds join the GEMM.** ``y + r`` (or ``r + y``; ``torch.add``, ``Tensor.add``)
+  where ``y`` is an unfused call's result, neither it nor the call's input written since, and
+  ``r`` a contiguous tensor of y's shape, dtype and device, runs as the GEMM again with ``r`` as
+  its residual: the same bits as the add (:func:`kernel_lens.kernels.skinny_gemm.linear`). The
+  first launch is left without a reader when nothing else reads ``y``, and the lowering drops it
+  (one launch and one read of y saved; where something else reads y, both run).
 * **Configs are timed** on a GPU (:func:`kernel_lens.kernels.skinny_gemm.tune`: block sizes
   and the split over K, its second launch included); elsewhere they come from the table.
 
@@ -104,6 +110,11 @@ class OwnKernels:
         self._names: dict[int, str] = {}
         self._pending: dict[int, tuple] = {}  # site -> (x, version, result, group): its share
         self._model: Any = None
+        # residual adds: the capture's decision per F.linear site, and the results an add may
+        # take into the GEMM (id -> (result, its version, site, x, x's version, weight, bias))
+        self.residual_taken: dict[int, bool] = {}
+        self._results: dict[int, tuple] = {}
+        self._adds = _Adds(self)
 
     @contextlib.contextmanager
     def active(self, model: Any, tracing: bool) -> Iterator["OwnKernels"]:
@@ -118,12 +129,12 @@ class OwnKernels:
         if tracing:
             self.mismatched = set()
         else:
-            self.sites, self.attention_taken = {}, {}
+            self.sites, self.attention_taken, self.residual_taken = {}, {}, {}
         forward = model.forward
 
         @functools.wraps(forward)  # the forward's signature, which torch.export reads
         def counted(*args: Any, **kwargs: Any) -> Any:
-            self._site, self._pending, self._attention_site = 0, {}, 0
+            self._site, self._pending, self._attention_site, self._results = 0, {}, 0, {}
             self._repeats.seen = {}
             self._names = {id(t): n for n, t in itertools.chain(
                 model.named_parameters(remove_duplicate=False), model.named_buffers(remove_duplicate=False))}
@@ -137,6 +148,7 @@ class OwnKernels:
             with contextlib.ExitStack() as stack:
                 if self.linear:
                     stack.enter_context(patched(F, "linear", self._linear(F.linear)))
+                    stack.enter_context(self._adds)
                 if self.attention:
                     stack.enter_context(patched(F, "scaled_dot_product_attention",
                                                 self._sdpa(F.scaled_dot_product_attention)))
@@ -146,7 +158,7 @@ class OwnKernels:
             del model.forward
             for name in self._fused:
                 delattr(model, name)
-            self._pending, self._model = {}, None
+            self._pending, self._model, self._results = {}, None, {}
 
     def _linear(self, original: Any) -> Any:
         def linear(input: Any, weight: Any, bias: Any = None) -> Any:  # F.linear's names
@@ -166,7 +178,9 @@ class OwnKernels:
                 return original(x, weight, bias)
             group = self.groups.get(site)
             if group is None:
-                return own_linear(x, weight, bias, self._config(weight, bias))
+                y = own_linear(x, weight, bias, self._config(weight, bias))
+                self._results[id(y)] = (y, y._version, site, x, x._version, weight, bias)
+                return y
             if self._named(weight, bias) != (group.weights[0], group.biases[0]):
                 self.mismatched.add(site)
                 return own_linear(x, weight, bias, self._config(weight, bias))
@@ -201,6 +215,30 @@ class OwnKernels:
     def _config(self, weight: Any, bias: Any) -> GemmConfig:
         n, k = int(weight.shape[0]), int(weight.shape[1])
         return self.configs.get((n, k, bias is not None)) or table_config(n, k, self.room)
+
+    def residual(self, y: Any, other: Any) -> Any:
+        """``y + other`` as one GEMM when ``y`` is an unfused F.linear call's result (neither it
+        nor the call's input written since) and ``other`` a tensor shaped like it, of its dtype
+        and device, its rows contiguous: the GEMM again with ``other`` as its residual (the same
+        bits as the add; the first GEMM's launch is left without a reader, and lowering drops
+        it). None: the add is torch's. The trace takes what the capture took, or the call's
+        group of launches differs and the forward is captured again."""
+        hit = self._results.pop(id(y), None) if isinstance(y, torch.Tensor) else None
+        if hit is None or hit[0] is not y:
+            return None
+        _, version, site, x, x_version, weight, bias = hit
+        fits = y._version == version and x._version == x_version and _residual_fits(y, other)
+        if self._tracing:
+            was = self.residual_taken.get(site, False)
+            take = was and fits
+            if take != was:
+                self.mismatched.add(("residual", site))
+        else:
+            take = ("residual", site) not in self.excluded and fits
+            self.residual_taken[site] = take
+        if not take:
+            return None
+        return own_linear(x, weight, bias, self._config(weight, bias), residual=other)
 
     # ------------------------------------------------------------------ attention
     def _sdpa(self, original: Any) -> Any:
@@ -284,12 +322,15 @@ class OwnKernels:
         else:
             self.excluded |= self.mismatched
             linear = sorted(m for m in self.mismatched if isinstance(m, int))
-            attention = sorted(m[1] for m in self.mismatched if not isinstance(m, int))
+            attention = sorted(m[1] for m in self.mismatched if not isinstance(m, int) and m[0] == "attention")
+            residual = sorted(m[1] for m in self.mismatched if not isinstance(m, int) and m[0] == "residual")
             parts = []
             if linear:
                 parts.append(f"F.linear calls {linear} keep ONNX MatMul")
             if attention:
                 parts.append(f"SDPA calls {attention} keep ONNX Attention")
+            if residual:
+                parts.append(f"the adds after F.linear calls {residual} stay ONNX Add")
             what = "; ".join(parts) + " (the trace could not take them as the capture did)"
         self.mismatched = set()
         return what
@@ -378,6 +419,42 @@ class _Repeats(TorchFunctionMode):
         if hit is None or hit[0] is not tensor or hit[1]._version != hit[2]:
             return None
         return hit[1][:, :, 0]
+
+
+_ADDS = (torch.Tensor.__add__, torch.Tensor.__radd__, torch.Tensor.add, torch.add)
+
+
+class _Adds(TorchFunctionMode):
+    """Watches the forward for ``a + b`` (``torch.add``, ``Tensor.add``; no ``alpha``, no
+    ``out``) of two tensors, one an own GEMM's result: :meth:`OwnKernels.residual` may make it
+    the GEMM's epilogue."""
+
+    def __init__(self, owner: OwnKernels) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func in _ADDS and not kwargs and len(args) == 2 \
+                and all(isinstance(a, torch.Tensor) for a in args) and args[0] is not args[1]:
+            for y, other in (args, args[::-1]):
+                fused = self.owner.residual(y, other)
+                if fused is not None:
+                    return fused
+        return func(*args, **(kwargs or {}))
+
+
+def _residual_fits(y: torch.Tensor, other: Any) -> bool:
+    """``other`` is what the GEMM's epilogue can add to ``y``: a tensor of y's shape (no
+    broadcast), dtype and device, contiguous (dims of size 1 aside)."""
+    if not isinstance(other, torch.Tensor) or other.dtype != y.dtype or other.device != y.device \
+            or other.dim() != y.dim() or not all(_same(a, b) for a, b in zip(other.shape, y.shape)):
+        return False
+    step: Any = 1
+    for size, stride in zip(reversed(other.shape), reversed(other.stride())):
+        if not (_one(size) or _same(stride, step)):
+            return False
+        step = step * size
+    return True
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -1,12 +1,14 @@
 """Skinny GEMM ``y = x @ w (+ bias) (+ residual)`` for a few rows (M <= 16): the weight is
 streamed once, each program owning ``BLOCK_N`` columns for every row; fp32 accumulation.
 With ``SPLIT_K > 1`` each program also owns a slice of K and writes an fp32 partial, and a
-second kernel adds the partials in a fixed order (bit-stable run to run: no atomics)."""
+second kernel adds the partials in a fixed order (bit-stable run to run: no atomics). A residual
+is added to y as y's dtype holds it: the result has the bits of ``y + residual`` (the GEMM's
+epilogue saves the add's launch and its read of y)."""
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -24,6 +26,7 @@ class GemmConfig:
     split_k: int = 1
     num_warps: int = 4
     dot: bool = False  # rows padded to 16 and multiplied on the tensor cores (tl.dot)
+    num_stages: int = 3  # Triton's software pipelining: num_stages - 1 tiles of K in flight
 
 
 @triton.jit
@@ -33,6 +36,15 @@ def _segment_offsets(rm, rn, M, N, S1, S2):
     lo = tl.where(rn < S1, 0, tl.where(rn < S2, S1, S2))
     hi = tl.where(rn < S1, S1, tl.where(rn < S2, S2, N))
     return lo[None, :] * M + rm[:, None] * (hi - lo)[None, :] + (rn - lo)[None, :]
+
+
+@triton.jit
+def _plus_residual(acc, res_ptr, rm, rn, stride_rm, keep, dtype: tl.constexpr):
+    """``acc`` rounded to y's dtype, then the residual added in fp32: the bits of y (as the GEMM
+    alone stores it) + residual in y's dtype (fp32 has over twice the bits of fp16/bf16, so its
+    sum rounds to what the dtype's own correctly rounded add gives)."""
+    res = tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=keep, other=0.0)
+    return acc.to(dtype).to(tl.float32) + res.to(tl.float32)
 
 
 @triton.jit
@@ -65,7 +77,7 @@ def _skinny_gemm(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, M, N, K, S1, S2,
         if HAS_BIAS:
             acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
         if HAS_RES:
-            acc += tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=keep, other=0.0).to(tl.float32)
+            acc = _plus_residual(acc, res_ptr, rm, rn, stride_rm, keep, out_ptr.dtype.element_ty)
         tl.store(out_ptr + _segment_offsets(rm, rn, M, N, S1, S2), acc.to(out_ptr.dtype.element_ty),
                  mask=keep)
     else:
@@ -85,7 +97,7 @@ def _add_partials(part_ptr, bias_ptr, res_ptr, y_ptr, M, N, S1, S2, stride_rm,
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     if HAS_RES:
-        acc += tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=keep, other=0.0).to(tl.float32)
+        acc = _plus_residual(acc, res_ptr, rm, rn, stride_rm, keep, y_ptr.dtype.element_ty)
     tl.store(y_ptr + _segment_offsets(rm, rn, M, N, S1, S2), acc.to(y_ptr.dtype.element_ty), mask=keep)
 
 
@@ -103,6 +115,9 @@ def skinny_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = 
     if K2 != K or not 1 <= M <= MAX_ROWS:
         raise ValueError(f"skinny_matmul takes x [M <= {MAX_ROWS}, K] and w [K, N]; got {tuple(x.shape)} "
                          f"and {tuple(w.shape)}")
+    if residual is not None and (residual.dim() != 2 or residual.stride(1) != 1):
+        raise ValueError(f"skinny_matmul takes a residual [M, N] whose rows are contiguous; got shape "
+                         f"{tuple(residual.shape)}, strides {residual.stride()}")
     if segments and (len(segments) > 3 or sum(segments) != N or min(segments) < 1):
         raise ValueError(f"segments {segments} are not 1 to 3 widths adding up to N = {N}")
     bounds = list(itertools.accumulate(segments))[:2] if segments else []
@@ -117,7 +132,8 @@ def skinny_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = 
     _skinny_gemm[(triton.cdiv(N, config.block_n), split)](
         x, w, b, res, out, M, N, K, s1, s2, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
         res.stride(0) if has_res else 0, HAS_BIAS=has_bias, HAS_RES=has_res, BLOCK_M=block_m,
-        BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split, num_warps=config.num_warps)
+        BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split, num_warps=config.num_warps,
+        num_stages=config.num_stages)
     if split > 1:
         _add_partials[(triton.cdiv(N, 128),)](
             out, bias if has_bias else out, residual if has_res else out, y, M, N, s1, s2,
@@ -155,10 +171,10 @@ def shared_room(archs: Any) -> int:
 
 
 def shared_bytes(config: GemmConfig) -> int:
-    """What the pipelined fp16/bf16 x and w tiles of one program take: two of each in flight
-    (Triton's 3 stages), as the compiler allocated on sm_80 and sm_90 for every tile of 32..128
-    columns x 128..256 of K (24,576 to 147,456 B)."""
-    return 2 * (16 * config.block_k + config.block_k * config.block_n) * 2
+    """What the pipelined fp16/bf16 x and w tiles of one program take: ``num_stages - 1`` of each
+    in flight, as the compiler allocated on sm_80 and sm_90 for every tile of 32..128 columns x
+    128..256 of K at 3 stages (24,576 to 147,456 B)."""
+    return max(config.num_stages - 1, 1) * (16 * config.block_k + config.block_k * config.block_n) * 2
 
 
 def table_config(n: int, k: int, room: int = SHARED_BYTES[90]) -> GemmConfig:
@@ -175,8 +191,8 @@ def table_config(n: int, k: int, room: int = SHARED_BYTES[90]) -> GemmConfig:
 
 
 def candidates(first: GemmConfig, k: int) -> list[GemmConfig]:
-    """What a GPU times for one [N, K] weight: ``first`` (the table's), then block sizes and
-    splits over K around it (a split only where each part keeps at least one block of K)."""
+    """What a GPU times first for one [N, K] weight: ``first`` (the table's), then block sizes
+    and splits over K around it (a split only where each part keeps at least one block of K)."""
     out = [first]
     for split in (1, 2, 4):
         for block_n in (32, 64, 128):
@@ -187,15 +203,23 @@ def candidates(first: GemmConfig, k: int) -> list[GemmConfig]:
     return out
 
 
+def deeper(best: GemmConfig) -> list[GemmConfig]:
+    """What a GPU times second: ``best`` of the first round with more or fewer tiles of K in
+    flight (Triton's num_stages 2..5) and with 8 warps."""
+    out = [replace(best, num_stages=s) for s in (2, 3, 4, 5) if s != best.num_stages]
+    return out + [replace(best, num_warps=8)] if best.num_warps != 8 else out
+
+
 _TUNED: dict[tuple, GemmConfig] = {}
 
 
 def tune(rows: int, weight: torch.Tensor, bias: torch.Tensor | None = None,
          room: int = SHARED_BYTES[90]) -> GemmConfig:
-    """The fastest of :func:`candidates` whose tiles fit ``room`` bytes of shared memory (and
-    this GPU's) for ``F.linear`` with ``rows`` rows and ``weight`` [N, K] on its GPU, the
-    split-K's second launch included (timed by ``triton.testing``; once per (N, K, dtype, bias,
-    GPU, room) in a process). Without a GPU: the table's config."""
+    """The fastest of :func:`candidates`, then of the best one's :func:`deeper` variants, whose
+    tiles fit ``room`` bytes of shared memory (and this GPU's) for ``F.linear`` with ``rows``
+    rows and ``weight`` [N, K] on its GPU, the split-K's second launch included (timed by
+    ``triton.testing``; once per (N, K, dtype, bias, GPU, room) in a process; a config the
+    compiler finds out of resources is skipped). Without a GPU: the table's config."""
     n, k = weight.shape
     if not weight.is_cuda:
         return table_config(n, k, room)
@@ -205,21 +229,37 @@ def tune(rows: int, weight: torch.Tensor, bias: torch.Tensor | None = None,
     if key not in _TUNED:
         x = torch.randn(rows, k, dtype=weight.dtype, device=weight.device)
         w = weight.t()
-        times = {c: triton.testing.do_bench(lambda c=c: skinny_matmul(x, w, bias, config=c),
-                                            warmup=5, rep=20)
-                 for c in candidates(first, k) if shared_bytes(c) <= room}
+
+        def timed(configs: list[GemmConfig]) -> dict[GemmConfig, float]:
+            times = {}
+            for c in configs:
+                if shared_bytes(c) > room:
+                    continue
+                try:
+                    times[c] = triton.testing.do_bench(lambda c=c: skinny_matmul(x, w, bias, config=c),
+                                                       warmup=5, rep=20)
+                except triton.runtime.errors.OutOfResources:  # registers or shared memory
+                    continue
+            return times
+
+        times = timed(candidates(first, k))
+        times.update(timed(deeper(min(times, key=times.get))))
         _TUNED[key] = min(times, key=times.get)
     return _TUNED[key]
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           config: GemmConfig | None = None, segments: tuple[int, ...] = ()) -> Any:
+           config: GemmConfig | None = None, segments: tuple[int, ...] = (),
+           residual: torch.Tensor | None = None) -> Any:
     """``F.linear(x, weight, bias)`` (``x @ weight.T + bias``) for x's rows (all dims but the
     last, flattened) <= 16, on the tensor cores with fp32 accumulation, with ``config`` (by
     default :func:`table_config`'s). With ``segments`` (see :func:`skinny_matmul`): one
-    contiguous result per segment, each shaped like x with the segment's width last."""
+    contiguous result per segment, each shaped like x with the segment's width last. With
+    ``residual`` (shaped like the result, last dim contiguous): ``F.linear(...) + residual``,
+    bit for bit, in one launch."""
     K, N = x.shape[-1], weight.shape[0]
-    y = skinny_matmul(x.reshape(-1, K), weight.t(), bias, config=config or table_config(N, K),
+    res = None if residual is None else residual.reshape(-1, N)
+    y = skinny_matmul(x.reshape(-1, K), weight.t(), bias, res, config=config or table_config(N, K),
                       segments=segments)
     if not segments:
         return y.view(*x.shape[:-1], N)

@@ -71,6 +71,7 @@ from ..toolchain import entry_cache
 from ..ir.graph import GraphIR, Launch, RuntimeCheck, RuntimeSymbol, TensorValue, TorchOp
 from ..ir.types import DType
 from ..codegen.launch_io import launch_io, root_of
+from ..kernels import is_own_kernel
 from . import aten, rewrites, torchlib
 from .context import CHECK_OP, CHECK_OUTPUT, DOMAIN, DOMAIN_VERSION, onnx_dtype, value_info
 from .graph_builder import GraphBuilder
@@ -110,6 +111,9 @@ class Lowering(GraphBuilder, MemoryModel):
         self.producer: dict[str, TorchOp] = {o: op for op in ir.ops for o in op.outputs}
         self.nodes: list[onnx.NodeProto] = []
         self.errors: dict[str, KernelLensError] = {}  # placeholder node name -> why
+        # launches kept only when a node or output reads what they write (kernel_lens's own
+        # kernels: a GEMM whose result became another GEMM's residual); the user's launches stay
+        self.droppable: set[str] = set()
         self.taken: set[str] = set()  # ONNX tensor names in use
         self.shared: set[str] = set()  # cached helper tensors (never renamed)
         self.meta: dict[str, TensorValue] = {}  # ONNX name -> IR value it holds (value_info)
@@ -245,6 +249,9 @@ class Lowering(GraphBuilder, MemoryModel):
         self._scope = f"launch{idx}"
         self.node(launch.kernel, inputs, domain=DOMAIN, outputs=outputs, launch=idx)
         self.nodes[-1].name = f"launch{idx}_{launch.kernel}"
+        if is_own_kernel(self.ir.kernels[launch.kernel].source.qualname) \
+                and not any(root_of(self.ir, value) in self.ir.inputs for value, _ in io.outputs):
+            self.droppable.add(self.nodes[-1].name)  # writes only what it allocated
         self._scope = "graph"
         for value, new in io.outputs:
             self.current[value] = new
@@ -433,7 +440,8 @@ class Lowering(GraphBuilder, MemoryModel):
         needed = set(outputs)
         keep = []
         for node in reversed(self.nodes):
-            if node.domain == DOMAIN or any(o in needed for o in node.output):
+            if (node.domain == DOMAIN and node.name not in self.droppable) \
+                    or any(o in needed for o in node.output):
                 keep.append(node)
                 needed.update(_inputs(node))
         return keep[::-1]
