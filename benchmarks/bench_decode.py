@@ -114,10 +114,8 @@ BLOCK_ANCHORS = ANCHORS[:3]  # max-autotune is a decode anchor: its compiles cos
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 PROMPT_LEN = 8
 KL_EXAMPLE_BATCH = 8  # the dynamic-batch compile's example batch (as in the earlier runs)
-# Peak HBM bandwidth in TB/s by a part of the GPU's name (datasheets). PCIe and NVL parts of the
-# same chips differ, so only the names below are known; anything else needs --hbm-peak-tbs.
-HBM_PEAK_TBS = [("H200", 4.8), ("H100 80GB HBM3", 3.35), ("H100 SXM", 3.35),
-                ("A100-SXM4-80GB", 2.039)]
+HBM_PEAK_TBS = T.HBM_PEAK_TBS  # peak HBM TB/s by GPU name (decode_table.py)
+hbm_peak = T.hbm_peak
 PROFILE = False  # --profile: each row also gets the kernels of one call (kernel_profile)
 
 
@@ -128,17 +126,6 @@ def _driver() -> str | None:
         return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
     except (OSError, subprocess.SubprocessError):
         return None
-
-
-def hbm_peak(gpu: str, given: float | None) -> tuple[float | None, str]:
-    """(peak HBM TB/s, where it comes from): the option, else the table, else None and why."""
-    if given:
-        return given, "--hbm-peak-tbs"
-    for part, tbs in HBM_PEAK_TBS:
-        if part in gpu:
-            return tbs, f"datasheet figure for {part!r}"
-    return None, (f"no peak HBM bandwidth known for {gpu!r}: hbm_fraction is null; "
-                  f"pass --hbm-peak-tbs")
 
 
 def environment(args, dtype) -> dict:

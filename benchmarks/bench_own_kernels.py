@@ -14,7 +14,7 @@
 
 Per row: median microseconds of ``triton.testing.do_bench_cudagraph`` (a CUDA graph of 20
 calls replayed: launch overhead excluded for both sides), the least bytes the op must read (the
-weight, or the K/V cache), the fraction of ``--hbm-peak-tbs`` (4.8 for an H200) that is, the
+weight, or the K/V cache), the fraction of ``--hbm-peak-tbs`` (by default the datasheet figure for the GPU: 4.8 for an H200, 3.35 for an H100 SXM) that is, the
 max abs difference from a float64 reference for both sides, and whether two runs of the own
 kernel give the same bits. Writes ``--json``; ``--plot`` draws it.
 
@@ -42,6 +42,9 @@ sys.path.insert(0, str(ROOT / "src"))
 from kernel_lens.kernels import decode_attention, skinny_matmul  # noqa: E402
 from kernel_lens.kernels.decode_attention import split_count  # noqa: E402
 from kernel_lens.kernels.skinny_gemm import candidates, deeper, table_config  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from decode_table import hbm_peak  # noqa: E402
 
 # (name, N, K) of the decode model's linear layers as -O2 runs them (q/k/v and gate/up fused)
 SHAPES = [("q/k/v fused", 6144, 4096), ("o proj", 4096, 4096), ("gate/up fused", 22016, 4096),
@@ -208,7 +211,7 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--plot")
     ap.add_argument("--from-json", help="only draw --plot from this JSON (no GPU)")
-    ap.add_argument("--hbm-peak-tbs", type=float, default=4.8)
+    ap.add_argument("--hbm-peak-tbs", type=float, help="default: the datasheet figure for the GPU's name")
     ap.add_argument("--rows", type=int, nargs="*", default=[1, 8], help="GEMM rows (none: no GEMM rows)")
     ap.add_argument("--batches", type=int, nargs="*", default=[1, 8], help="attention batches (none: none)")
     ap.add_argument("--contexts", type=int, nargs="+", default=[256, 4096])
@@ -219,9 +222,13 @@ def main() -> None:
         return
     torch.backends.cuda.matmul.allow_tf32 = False
     start = time.time()
+    peak, source = hbm_peak(torch.cuda.get_device_name(), args.hbm_peak_tbs)
+    if peak is None:
+        raise SystemExit(source)
+    args.hbm_peak_tbs = peak
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "cuda": torch.version.cuda, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "hbm_peak_tbs": args.hbm_peak_tbs, "timing": "do_bench_cudagraph median, rep=40 ms"}
+           "hbm_peak_tbs": args.hbm_peak_tbs, "hbm_peak_source": source, "timing": "do_bench_cudagraph median, rep=40 ms"}
     result = {"env": env, "rows": []}
     if args.read:
         result["rows"] += read_rows(args.hbm_peak_tbs)

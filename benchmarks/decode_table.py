@@ -22,6 +22,22 @@ import json
 import re
 from pathlib import Path
 
+# Peak HBM bandwidth in TB/s by a part of the GPU's name (datasheets). PCIe and NVL parts of the
+# same chips differ, so only the names below are known; anything else needs --hbm-peak-tbs.
+HBM_PEAK_TBS = [("H200", 4.8), ("H100 80GB HBM3", 3.35), ("H100 SXM", 3.35),
+                ("A100-SXM4-80GB", 2.039)]
+
+
+def hbm_peak(gpu: str, given: float | None) -> tuple[float | None, str]:
+    """(peak HBM TB/s, where it comes from): the option, else the table, else None and why."""
+    if given:
+        return given, "--hbm-peak-tbs"
+    for part, tbs in HBM_PEAK_TBS:
+        if part in gpu:
+            return tbs, f"datasheet figure for {part!r}"
+    return None, (f"no peak HBM bandwidth known for {gpu!r}: hbm_fraction is null; "
+                  f"pass --hbm-peak-tbs")
+
 ANCHORS = ["eager", "eager_cuda_graph", "torch_compile_reduce_overhead",
            "torch_compile_max_autotune"]
 KL_VARIANTS = ["kernel_lens_run", "kernel_lens_run_cuda_graph", "kernel_lens_run_cuda_graph_ort"]

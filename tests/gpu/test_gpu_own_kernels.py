@@ -31,14 +31,17 @@ def test_skinny_matmul_on_the_gpu_equals_float64_and_repeats_its_bits(m, cfg):
     x = torch.randn(m, k, device="cuda", generator=_g(2)).half()
     bias = torch.randn(n, device="cuda", generator=_g(3)).half()
     res = torch.randn(m, n, device="cuda", generator=_g(4)).half()
-    got = skinny_matmul(x, w.t(), bias, res, config=cfg)
-    want = x.double() @ w.double().t() + bias.double() + res.double()
-    cublas = (torch.nn.functional.linear(x, w, bias) + res).double()
+    y = skinny_matmul(x, w.t(), bias, config=cfg)
+    want = x.double() @ w.double().t() + bias.double()
+    cublas = torch.nn.functional.linear(x, w, bias).double()
     # an fp16 result: within an fp16 ulp (plus fp32 accumulation noise) of the float64 value,
     # and no further from it than cuBLAS's result plus one ulp
     ulp = want.abs().clamp(min=2 ** -14) * 2 ** -10
-    assert ((got.double() - want).abs() <= ulp + 1e-4).all()
-    assert (got.double() - want).abs().max() <= (cublas - want).abs().max() + ulp.max()
+    assert ((y.double() - want).abs() <= ulp + 1e-4).all()
+    assert (y.double() - want).abs().max() <= (cublas - want).abs().max() + ulp.max()
+    # the residual in the epilogue: the bits of y + res (torch's fp16 add)
+    got = skinny_matmul(x, w.t(), bias, res, config=cfg)
+    assert torch.equal(got, y + res)
     for _ in range(3):
         assert torch.equal(skinny_matmul(x, w.t(), bias, res, config=cfg), got)
 
