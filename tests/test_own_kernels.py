@@ -717,3 +717,49 @@ def test_the_pipelining_depth_reaches_the_launch():
     cfg = GemmConfig(block_n=32, block_k=32, num_stages=5, num_warps=8, dot=True)
     launch = capture(lambda a, b: skinny_matmul(a, b, config=cfg), (x, w), 90).launches[0]
     assert (launch.options["num_stages"], launch.options["num_warps"]) == (5, 8)
+
+
+@triton.jit
+def _double_in_place(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    keep = offs < n
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=keep) * 2, mask=keep)
+
+
+class _WrittenBetween(torch.nn.Module):
+    """The user's kernel writes h in place (torch's version counter does not see it) between
+    a(h) and the add of its result, and between q(h) and k(h): neither the residual epilogue
+    (it would read the new h) nor q/k as one GEMM is right."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(8)
+        self.a = torch.nn.Linear(64, 64).half()
+        self.q, self.k = torch.nn.Linear(64, 32).half(), torch.nn.Linear(64, 32).half()
+
+    def forward(self, x):
+        h = torch.empty_like(x)
+        _double_kernel[(triton.cdiv(x.numel(), 256),)](x, h, x.numel(), BLOCK=256)
+        y = self.a(h)
+        _double_in_place[(triton.cdiv(h.numel(), 256),)](h, h.numel(), BLOCK=256)
+        z = y + x
+        q = self.q(h)
+        _double_in_place[(triton.cdiv(h.numel(), 256),)](h, h.numel(), BLOCK=256)
+        return z, q, self.k(h)
+
+
+def test_optimize_2_reuses_nothing_across_a_launch_of_the_users_kernel(caplog):
+    """The capture itself declines (it counts the user's launches), so no second capture."""
+    model, x = _WrittenBetween(), torch.randn(2, 3, 64).half()
+    with caplog.at_level(logging.INFO, logger="kernel_lens"):
+        c = kl.compile(model, (x,), optimize=2, arch=90)
+    assert "capturing again" not in caplog.text and "GEMMs on concatenated weights" not in caplog.text
+    assert _with_residual(c.ir) == []
+    for got, want in zip(c.run(x.clone()), eager_on_cpu(model, (x,))):
+        torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)
+    own = OwnKernels(90)
+    launched = type("L", (), {"jit": _double_kernel})()
+    own.launched(launched)
+    own_launch = type("L", (), {"jit": __import__("kernel_lens.kernels.skinny_gemm", fromlist=["x"])._skinny_gemm})()
+    own.launched(own_launch)
+    assert own.writes == 1  # the own kernels write only what they allocate

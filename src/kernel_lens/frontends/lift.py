@@ -949,7 +949,8 @@ def _lift_graph(model: Callable, example_inputs: tuple, dynamic_shapes: Any, *,
 
     while True:
         with progress.stage("capture"), substituted(False):  # the eager run recording the launches
-            captured = capture(model, tuple(example_inputs), archs[0], autotune, launches_needed=needed)
+            captured = capture(model, tuple(example_inputs), archs[0], autotune, launches_needed=needed,
+                               after_launch=own.launched if own is not None else None)
         if own is not None and (own.mismatched or own.plan()):  # optimize=2: see own_kernels
             if own.mismatched:
                 log.info("optimize=2: %s; capturing again", own.retry())

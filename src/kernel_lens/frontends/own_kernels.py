@@ -16,6 +16,9 @@ captured again. The user's Triton launches are never changed.
 
 After the first capture (:meth:`OwnKernels.plan`):
 
+* **Nothing is reused across a write.** "Not written since" below means torch's version counter
+  has not moved and, in the capture, no launch of the user's kernels came between (a Triton
+  kernel writes without torch's counter knowing; in the trace torch sees its writes).
 * **Siblings are fused.** Taken calls on one input tensor (the same object, not written in
   between: q/k/v of attention, gate/up of a gated MLP) whose weights (and biases, all or none)
   are the model's parameters or buffers run as one GEMM (up to 3 calls) over the weights
@@ -49,6 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from ..kernels import is_own_kernel
 from ..kernels.decode_attention import decode_attention, split_count
 from ..kernels.skinny_gemm import MAX_ROWS, GemmConfig, linear as own_linear, shared_room, table_config, tune
 from .capture.patching import patched
@@ -71,6 +75,7 @@ class _Site:
     bias: str | None = None
     weight_tensor: Any = None
     bias_tensor: Any = None
+    writes: int = 0  # the user's launches the capture had seen (OwnKernels.launched)
 
 
 @dataclass
@@ -95,7 +100,11 @@ class OwnKernels:
         self.linear, self.attention = linear, attention
         self.attention_taken: dict[int, bool] = {}  # the capture's decision per SDPA call
         self._attention_site = 0
-        self._repeats = _Repeats()
+        # launches of the user's kernels seen in this capture: a kernel may write a tensor
+        # without torch's version counter knowing, so what a call saw is reused only where no
+        # such launch came between (the trace, where torch sees the writes, checks versions)
+        self.writes = 0
+        self._repeats = _Repeats(self)
         # sites left to torch (the trace could not take them): F.linear's by number, SDPA's as
         # ("attention", number)
         self.excluded: set[Any] = set()
@@ -135,6 +144,7 @@ class OwnKernels:
         @functools.wraps(forward)  # the forward's signature, which torch.export reads
         def counted(*args: Any, **kwargs: Any) -> Any:
             self._site, self._pending, self._attention_site, self._results = 0, {}, 0, {}
+            self.writes = 0
             self._repeats.seen = {}
             self._names = {id(t): n for n, t in itertools.chain(
                 model.named_parameters(remove_duplicate=False), model.named_buffers(remove_duplicate=False))}
@@ -173,13 +183,14 @@ class OwnKernels:
                     self.mismatched.add(site)
             else:
                 take = site not in self.excluded and self._fits(x, weight, bias) and _rows_fit(x)
-                self.sites[site] = _Site(take, x, x._version, *self._named(weight, bias), weight, bias)
+                self.sites[site] = _Site(take, x, x._version, *self._named(weight, bias), weight, bias,
+                                         self.writes)
             if not take:
                 return original(x, weight, bias)
             group = self.groups.get(site)
             if group is None:
                 y = own_linear(x, weight, bias, self._config(weight, bias))
-                self._results[id(y)] = (y, y._version, site, x, x._version, weight, bias)
+                self._results[id(y)] = (y, y._version, site, x, x._version, weight, bias, self.writes)
                 return y
             if self._named(weight, bias) != (group.weights[0], group.biases[0]):
                 self.mismatched.add(site)
@@ -188,24 +199,32 @@ class OwnKernels:
             fused_b = self._model.get_buffer(group.buffer + "_bias") if group.biases[0] else None
             parts = own_linear(x, fused_w, fused_b, self._config(fused_w, fused_b), segments=group.sizes)
             for s, part in zip(group.sites[1:], parts[1:]):
-                self._pending[s] = (x, x._version, part, group)
+                self._pending[s] = (x, x._version, part, group, self.writes)
             return parts[0]
         return linear
 
     def _sibling(self, site: int, x: Any, weight: Any, bias: Any, original: Any) -> Any:
         """A group member's call: its share of the group's GEMM, if its input is the first
         call's, unwritten, and its weight the one planned."""
-        first_x, version, part, group = self._pending.pop(site)
+        first_x, version, part, group, writes = self._pending.pop(site)
         i = group.sites.index(site)
         named = self._named(weight, bias)
         if not self._tracing:
-            self.sites[site] = _Site(True, x, x._version, *named, weight, bias)
-        same = x is first_x and x._version == version and named == (group.weights[i], group.biases[i])
+            self.sites[site] = _Site(True, x, x._version, *named, weight, bias, self.writes)
+        same = x is first_x and x._version == version and writes == self.writes \
+            and named == (group.weights[i], group.biases[i])
         if same:
             return part
         self.mismatched.add(site)
         return own_linear(x, weight, bias, self._config(weight, bias)) \
             if self._fits(x, weight, bias) and _rows_fit(x) else original(x, weight, bias)
+
+    def launched(self, launch: Any) -> None:
+        """The capture's ``after_launch``: a launch of the user's kernel (it may have written
+        any tensor it was given)."""
+        fn = getattr(launch.jit, "fn", None)
+        if not is_own_kernel(f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}"):
+            self.writes += 1
 
     def _named(self, weight: Any, bias: Any) -> tuple[str | None, str | None]:
         """The model's names of ``weight`` and ``bias`` (None: not a parameter or buffer, or
@@ -226,8 +245,9 @@ class OwnKernels:
         hit = self._results.pop(id(y), None) if isinstance(y, torch.Tensor) else None
         if hit is None or hit[0] is not y:
             return None
-        _, version, site, x, x_version, weight, bias = hit
-        fits = y._version == version and x._version == x_version and _residual_fits(y, other)
+        _, version, site, x, x_version, weight, bias, writes = hit
+        fits = y._version == version and x._version == x_version and writes == self.writes \
+            and _residual_fits(y, other)
         if self._tracing:
             was = self.residual_taken.get(site, False)
             take = was and fits
@@ -278,7 +298,7 @@ class OwnKernels:
         by_input: dict[tuple, list[int]] = {}
         for site, r in sorted(self.sites.items()):
             if r.take and r.weight is not None and (r.bias_tensor is None or r.bias is not None):
-                key = (id(r.x), r.version, r.bias_tensor is not None)
+                key = (id(r.x), r.version, r.writes, r.bias_tensor is not None)
                 by_input.setdefault(key, []).append(site)
         chunks = [sites[i:i + 3] for sites in by_input.values() for i in range(0, len(sites), 3)]
         for sites in chunks:  # at most 3 a GEMM (its output segments)
@@ -397,9 +417,10 @@ class _Repeats(TorchFunctionMode):
     dim 2 ([B, H, G, S, D], stride 0 there), whose K/V heads are that tensor at index 0 of dim 2
     (a view of the cache: no copy)."""
 
-    def __init__(self) -> None:
+    def __init__(self, owner: "OwnKernels") -> None:
         super().__init__()
-        self.seen: dict[int, tuple[Any, Any, int]] = {}
+        self.owner = owner
+        self.seen: dict[int, tuple[Any, Any, int, int]] = {}
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
@@ -409,14 +430,14 @@ class _Repeats(TorchFunctionMode):
                     and isinstance(t.shape[2], int) and isinstance(t.shape[1], int) \
                     and isinstance(out.shape[1], int) and out.shape[1] == t.shape[1] * t.shape[2] \
                     and all(_same(out.shape[i], t.shape[j]) for i, j in ((0, 0), (2, 3), (3, 4))):
-                self.seen[id(out)] = (out, t, t._version)
+                self.seen[id(out)] = (out, t, t._version, self.owner.writes)
         return out
 
     def heads(self, tensor: Any) -> Any:
         """The K/V heads ``tensor`` repeats (a view), or None; None also when they were written
         since (``tensor``, a copy, holds what they were)."""
         hit = self.seen.get(id(tensor))
-        if hit is None or hit[0] is not tensor or hit[1]._version != hit[2]:
+        if hit is None or hit[0] is not tensor or hit[1]._version != hit[2] or hit[3] != self.owner.writes:
             return None
         return hit[1][:, :, 0]
 
