@@ -38,7 +38,7 @@ PATTERN = r"^[A-Za-z0-9_ +\-*/%()<>=!&|~,]*$"
 
 _FUNCTIONS: dict[str, tuple[Callable[..., sympy.Basic], int | None]] = {
     # name -> (constructor, number of arguments; None: two or more)
-    "floor": (sympy.floor, 1), "ceiling": (sympy.ceiling, 1), "Mod": (sympy.Mod, 2),
+    "floor": (lambda q: floor_of(q), 1), "ceiling": (lambda q: ceiling_of(q), 1), "Mod": (sympy.Mod, 2),
     "Min": (sympy.Min, None), "Max": (sympy.Max, None),
     "Eq": (sympy.Eq, 2), "Ne": (sympy.Ne, 2), "Lt": (sympy.Lt, 2), "Le": (sympy.Le, 2),
     "Gt": (sympy.Gt, 2), "Ge": (sympy.Ge, 2),
@@ -48,10 +48,34 @@ _FUNCTIONS: dict[str, tuple[Callable[..., sympy.Basic], int | None]] = {
 # as symbols they would silently change the expression.
 _NOT_SYMBOLS = frozenset(dir(sympy)) | frozenset(_FUNCTIONS) | {"lambda"}
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-           ast.Div: operator.truediv, ast.FloorDiv: lambda a, b: sympy.floor(a / b),
+           ast.Div: operator.truediv, ast.FloorDiv: lambda a, b: floor_of(a / b),
            ast.Mod: sympy.Mod, ast.BitAnd: sympy.And, ast.BitOr: sympy.Or}
 _COMPARE = {ast.Lt: sympy.Lt, ast.LtE: sympy.Le, ast.Gt: sympy.Gt, ast.GtE: sympy.Ge,
             ast.Eq: sympy.Eq, ast.NotEq: sympy.Ne}
+
+
+def _loose_fraction(expr: sympy.Basic) -> bool:
+    """A non-integer rational outside every floor/ceiling of ``expr``."""
+    if isinstance(expr, (sympy.floor, sympy.ceiling)):
+        return False
+    if expr.is_Rational:
+        return not expr.is_Integer
+    return any(_loose_fraction(a) for a in expr.args)
+
+
+def floor_of(quotient: sympy.Basic) -> sympy.Basic:
+    """``floor(quotient)``, simplified by sympy only where the result keeps no fraction outside a
+    floor/ceiling. sympy 1.14 takes an even expression over 2 x an odd number for an integer
+    (``Mul._eval_is_integer`` weighs only the power of 2): ``floor(Max(2, 2*n)/6)`` became
+    ``Max(2, 2*n)/6``, and ``(x // 6) * 6`` would have become ``x`` (wrong for x = 2)."""
+    out = sympy.floor(quotient)
+    return sympy.floor(quotient, evaluate=False) if _loose_fraction(out) else out
+
+
+def ceiling_of(quotient: sympy.Basic) -> sympy.Basic:
+    """``ceiling(quotient)``, as :func:`floor_of`."""
+    out = sympy.ceiling(quotient)
+    return sympy.ceiling(quotient, evaluate=False) if _loose_fraction(out) else out
 
 
 class _Builder:
@@ -242,16 +266,16 @@ def to_plain_sympy(expr: object) -> sympy.Expr:
         return args[0] / args[1]
     if name in ("FloorDiv", "CleanDiv") or (name == "FloorToInt" and len(args) == 1):
         if len(args) == 1:
-            return sympy.floor(args[0])
-        return sympy.floor(args[0] / args[1])
+            return floor_of(args[0])
+        return floor_of(args[0] / args[1])
     if name in ("CeilDiv",):
-        return sympy.ceiling(args[0] / args[1])
+        return ceiling_of(args[0] / args[1])
     if name == "CeilToInt":
-        return sympy.ceiling(args[0])
+        return ceiling_of(args[0])
     if name in ("PythonMod", "Mod"):
         return sympy.Mod(args[0], args[1])
     if name == "ModularIndexing":
-        return sympy.Mod(sympy.floor(args[0] / args[1]), args[2])
+        return sympy.Mod(floor_of(args[0] / args[1]), args[2])
     if name in ("Min",):
         return sympy.Min(*args)
     if name in ("Max",):
