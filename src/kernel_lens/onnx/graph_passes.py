@@ -37,7 +37,9 @@ user's (:mod:`kernel_lens.frontends.own_kernels`), and their results are not bit
 cuBLAS's or ORT's attention (another summation order):
 
 * ``own_skinny_gemm``: ``F.linear`` (every ``nn.Linear``) with at most 16 rows, fp16/bf16, runs
-  kernel_lens's own skinny GEMM (``kernel_lens.kernels.skinny_gemm``) instead of an ONNX MatMul;
+  kernel_lens's own skinny GEMM (``kernel_lens.kernels.skinny_gemm``) instead of an ONNX MatMul,
+  with a residual added to its result in its epilogue (the bits of the GEMM then the add; the
+  lowering drops the launch whose result nothing else reads);
 * ``own_decode_attention``: ``F.scaled_dot_product_attention`` of one query position, fp16/bf16,
   no dropout, not causal, a bool mask of one row of keys (or none), runs kernel_lens's own
   split-KV decode attention (``kernel_lens.kernels.decode_attention``) instead of ONNX
