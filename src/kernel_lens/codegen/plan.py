@@ -32,7 +32,6 @@ from pydantic import BaseModel, ConfigDict
 
 from ..errors import UnsupportedKernelError
 from ..ir import DType, GraphIR, KernelBinary, KernelIR, Launch, ParamKind, SymExpr, format_expr, parse
-from ..ir.symbolic import ceiling_of
 from .launch_io import launch_io
 
 SCRATCH_ALIGN = 256  # bytes: each scratch buffer starts at this alignment inside a workspace
@@ -230,7 +229,7 @@ def _workspace(binaries: list[KernelBinary], grid: list[sympy.Expr]) -> sympy.Ex
         total = sympy.Integer(0)
         for per_program in (b.global_scratch_size, b.profile_scratch_size):
             if per_program:
-                total += SCRATCH_ALIGN * ceiling_of(per_program * b.num_ctas * programs / SCRATCH_ALIGN)
+                total += SCRATCH_ALIGN * sympy.ceiling(per_program * b.num_ctas * programs / SCRATCH_ALIGN)
         sizes.append(total)
     return sympy.Max(*sizes) if len(sizes) > 1 else (sizes[0] if sizes else sympy.Integer(0))
 

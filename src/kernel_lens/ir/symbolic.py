@@ -15,6 +15,8 @@ import operator
 from typing import Annotated, Callable, Iterable, Mapping
 
 import sympy
+from sympy.core.mul import Mul
+from sympy import trailing
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from ..errors import SymbolicError
@@ -38,7 +40,7 @@ PATTERN = r"^[A-Za-z0-9_ +\-*/%()<>=!&|~,]*$"
 
 _FUNCTIONS: dict[str, tuple[Callable[..., sympy.Basic], int | None]] = {
     # name -> (constructor, number of arguments; None: two or more)
-    "floor": (lambda q: floor_of(q), 1), "ceiling": (lambda q: ceiling_of(q), 1), "Mod": (sympy.Mod, 2),
+    "floor": (sympy.floor, 1), "ceiling": (sympy.ceiling, 1), "Mod": (sympy.Mod, 2),
     "Min": (sympy.Min, None), "Max": (sympy.Max, None),
     "Eq": (sympy.Eq, 2), "Ne": (sympy.Ne, 2), "Lt": (sympy.Lt, 2), "Le": (sympy.Le, 2),
     "Gt": (sympy.Gt, 2), "Ge": (sympy.Ge, 2),
@@ -48,34 +50,33 @@ _FUNCTIONS: dict[str, tuple[Callable[..., sympy.Basic], int | None]] = {
 # as symbols they would silently change the expression.
 _NOT_SYMBOLS = frozenset(dir(sympy)) | frozenset(_FUNCTIONS) | {"lambda"}
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-           ast.Div: operator.truediv, ast.FloorDiv: lambda a, b: floor_of(a / b),
+           ast.Div: operator.truediv, ast.FloorDiv: lambda a, b: sympy.floor(a / b),
            ast.Mod: sympy.Mod, ast.BitAnd: sympy.And, ast.BitOr: sympy.Or}
 _COMPARE = {ast.Lt: sympy.Lt, ast.LtE: sympy.Le, ast.Gt: sympy.Gt, ast.GtE: sympy.Ge,
             ast.Eq: sympy.Eq, ast.NotEq: sympy.Ne}
 
 
-def _loose_fraction(expr: sympy.Basic) -> bool:
-    """A non-integer rational outside every floor/ceiling of ``expr``."""
-    if isinstance(expr, (sympy.floor, sympy.ceiling)):
-        return False
-    if expr.is_Rational:
-        return not expr.is_Integer
-    return any(_loose_fraction(a) for a in expr.args)
+def _mul_is_integer(original: Callable[[Mul], bool | None]) -> Callable[[Mul], bool | None]:
+    """sympy 1.14's ``Mul._eval_is_integer`` calls an even expression over 2 x an odd number an
+    integer (it weighs only the power of 2 in the denominator): ``Max(2, 2*n)/6`` was one, so
+    ``floor(Max(2, 2*n)/6)`` lost its floor, here and wherever sympy rebuilds it (``xreplace``,
+    ``subs``), and ``(x // 6) * 6`` became ``x`` (wrong for x = 2). Where a rational factor's
+    denominator has an odd part above 1, "integer" is not known: None."""
+
+    @functools.wraps(original)
+    def is_integer(self: Mul) -> bool | None:
+        out = original(self)
+        if out and any(a.is_Rational and not a.is_Integer and a.q >> trailing(a.q) != 1 for a in self.args):
+            return None
+        return out
+
+    return is_integer
 
 
-def floor_of(quotient: sympy.Basic) -> sympy.Basic:
-    """``floor(quotient)``, simplified by sympy only where the result keeps no fraction outside a
-    floor/ceiling. sympy 1.14 takes an even expression over 2 x an odd number for an integer
-    (``Mul._eval_is_integer`` weighs only the power of 2): ``floor(Max(2, 2*n)/6)`` became
-    ``Max(2, 2*n)/6``, and ``(x // 6) * 6`` would have become ``x`` (wrong for x = 2)."""
-    out = sympy.floor(quotient)
-    return sympy.floor(quotient, evaluate=False) if _loose_fraction(out) else out
-
-
-def ceiling_of(quotient: sympy.Basic) -> sympy.Basic:
-    """``ceiling(quotient)``, as :func:`floor_of`."""
-    out = sympy.ceiling(quotient)
-    return sympy.ceiling(quotient, evaluate=False) if _loose_fraction(out) else out
+if not getattr(Mul._eval_is_integer, "_kernel_lens", False):
+    Mul._eval_is_integer = _mul_is_integer(Mul._eval_is_integer)
+    Mul._eval_is_integer._kernel_lens = True
+    Mul._prop_handler["integer"] = Mul._eval_is_integer  # what sympy's assumptions call
 
 
 class _Builder:
@@ -266,16 +267,16 @@ def to_plain_sympy(expr: object) -> sympy.Expr:
         return args[0] / args[1]
     if name in ("FloorDiv", "CleanDiv") or (name == "FloorToInt" and len(args) == 1):
         if len(args) == 1:
-            return floor_of(args[0])
-        return floor_of(args[0] / args[1])
+            return sympy.floor(args[0])
+        return sympy.floor(args[0] / args[1])
     if name in ("CeilDiv",):
-        return ceiling_of(args[0] / args[1])
+        return sympy.ceiling(args[0] / args[1])
     if name == "CeilToInt":
-        return ceiling_of(args[0])
+        return sympy.ceiling(args[0])
     if name in ("PythonMod", "Mod"):
         return sympy.Mod(args[0], args[1])
     if name == "ModularIndexing":
-        return sympy.Mod(floor_of(args[0] / args[1]), args[2])
+        return sympy.Mod(sympy.floor(args[0] / args[1]), args[2])
     if name in ("Min",):
         return sympy.Min(*args)
     if name in ("Max",):

@@ -29,7 +29,6 @@ from ...codegen.cxx import to_cxx
 from ...codegen.plan import ModelPlan, SymbolRead, build_plan
 from ...codegen.trt_expr import TrtExprPrinter
 from ...errors import KernelLensError, UnsupportedKernelError
-from ...ir.symbolic import floor_of
 from ...fileio import atomic_copy, ensure_folder, inside
 from ...ir import DType, GraphIR, parse, symbol
 from ...onnx.lower import DOMAIN, MIN_OPSET, all_nodes, lower_to_onnx_cached, save_onnx
@@ -81,7 +80,7 @@ def _printers(plan: ModelPlan):
 
     def trt_read(read: SymbolRead) -> str:
         x = sympy.Symbol("kl_dim", integer=True, nonnegative=True)
-        source = floor_of((x - read.offset) / read.scale) if (read.scale != 1 or read.offset) else x
+        source = sympy.floor((x - read.offset) / read.scale) if (read.scale != 1 or read.offset) else x
         return TrtExprPrinter({x: f"inputs[{read.input}].d[{read.dim}]"}).print(source)
 
     def cxx_int(text: str) -> str:
