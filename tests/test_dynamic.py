@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 import triton
+import triton.language as tl
 
 import kernel_lens as kl
 from kernel_lens.errors import InputError
@@ -151,3 +152,29 @@ def test_a_size_read_from_a_derived_dim_is_computed_by_the_graph_at_every_size()
         x = torch.randn(size)
         got = c.run(x)
         assert got.shape == ((size - 1) // 2,) and torch.equal(got, eager_on_cpu(model, (x,)))
+
+
+@triton.jit
+def _fill_index(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, offs.to(tl.float32) + tl.load(x_ptr) * 0, mask=offs < n)
+
+
+class _PaddedDown(torch.nn.Module):
+    """A buffer of (max(2n, 2m + 2) // 6) * 6 elements: sympy 1.14 called Max(2*n, 2*m + 2)/6 an
+    integer (an even expression over 2 x 3), dropped the floor and sized it max(2n, 2m + 2)."""
+
+    def forward(self, x, y):
+        size = (max(2 * x.shape[0], 2 * y.shape[0] + 2) // 6) * 6
+        out = torch.empty(size + 1, device=x.device)
+        _fill_index[(triton.cdiv(size + 1, 64),)](x, out, size + 1, BLOCK=64)
+        return out, x * 2, y * 2
+
+
+def test_a_floor_sympy_would_drop_keeps_its_value_at_every_size():
+    n, m = torch.export.Dim("n", min=1, max=64), torch.export.Dim("m", min=1, max=64)
+    c = kl.compile(_PaddedDown(), (torch.randn(7), torch.randn(5)), dynamic_shapes=({0: n}, {0: m}), arch=90)
+    for rows, cols in ((1, 1), (2, 1), (3, 4), (7, 2), (9, 9), (1, 5)):
+        out = c.run(torch.randn(rows), torch.randn(cols))[0]
+        size = (max(2 * rows, 2 * cols + 2) // 6) * 6
+        assert out.shape == (size + 1,) and torch.equal(out, torch.arange(size + 1, dtype=torch.float32)), (rows, cols)
