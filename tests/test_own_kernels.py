@@ -766,12 +766,12 @@ def test_optimize_2_reuses_nothing_across_a_launch_of_the_users_kernel(caplog):
 
 
 def test_optimize_2_for_several_archs_takes_configs_that_fit_the_smallest():
-    """Built for sm_86 and sm_90, a 4096 x 4096 weight gets a config within sm_86's 99 KB of
+    """Built for sm_80 and sm_86, a 4096 x 4096 weight gets a config within sm_86's 99 KB of
     shared memory (the sm_90 table's 128 x 256 tiles take 147 KB)."""
     from kernel_lens.kernels.skinny_gemm import shared_bytes
     model = torch.nn.Linear(4096, 4096, bias=False).half()
     x = torch.randn(1, 4096, generator=_g(50)).half()
-    c = kl.compile(model, (x,), optimize=2, arch=[86, 90])
+    c = kl.compile(model, (x,), optimize=2, arch=[80, 86])  # the first arch alone would allow 163 KB
     (gemm,) = [l for l in c.ir.launches if l.kernel.startswith("_skinny_gemm")]
     const = {a.name: a.constant for a in gemm.args}
     cfg = GemmConfig(block_n=const["BLOCK_N"], block_k=const["BLOCK_K"], split_k=const["SPLIT_K"], dot=True)
