@@ -776,3 +776,21 @@ def test_optimize_2_for_several_archs_takes_configs_that_fit_the_smallest():
     const = {a.name: a.constant for a in gemm.args}
     cfg = GemmConfig(block_n=const["BLOCK_N"], block_k=const["BLOCK_K"], split_k=const["SPLIT_K"], dot=True)
     assert shared_bytes(cfg) <= 99 * 1024 and cfg != MEASURED_SM90[(4096, 4096)]
+
+
+def test_a_sibling_call_that_does_not_find_its_group_and_does_not_fit_goes_to_f_linear():
+    from kernel_lens.frontends.own_kernels import _Group
+    own = OwnKernels(90)
+    first = torch.randn(2, 8).half()
+    own._pending[1] = (first, first._version, "share", _Group((0, 1), (4, 4), ("a", "b"), (None, None), "buf"), 0)
+    calls = []
+    wide, w = torch.randn(20, 8).half(), torch.randn(4, 8).half()  # 20 rows: past the own GEMM's 16
+    got = own._sibling(1, wide, w, None, lambda x, weight, bias: calls.append((x, weight, bias)) or "F.linear")
+    assert got == "F.linear" and calls == [(wide, w, None)] and own.mismatched == {1}
+
+
+def test_skinny_matmul_on_the_cuda_cores_takes_the_rows_rounded_up_to_a_power_of_two():
+    from kernel_lens.frontends.capture.recorder import capture
+    x, w = torch.randn(3, 64), torch.randn(64, 32)
+    launch = capture(lambda a, b: skinny_matmul(a, b, config=GemmConfig(block_n=32, block_k=32)), (x, w), 90).launches[0]
+    assert launch.params["BLOCK_M"] == 4  # fp32 stays off the tensor cores (tl.dot would take TF32 on a GPU)
