@@ -53,6 +53,15 @@ def test_a_floor_of_an_even_expression_over_twice_an_odd_number_stays_a_floor():
     assert sympy.floor(4 * n / 2) == 2 * n and sympy.ceiling(n / 3 + 1) == sympy.ceiling(n / 3) + 1  # still simplified
 
 
+def test_torch_conditions_become_plain_sympy_conditions():
+    s = sympy.Symbol("s0", integer=True, positive=True)
+    for cond, want in ((sympy.Not(sympy.And(s > 1, sympy.Ne(s, 3))), [True, False, True, False]),
+                       (sympy.And(s > 1, sympy.Ne(s, 3)), [False, True, False, True]),
+                       (sympy.Or(sympy.Eq(s, 1), s >= 4), [True, False, False, True])):
+        plain = to_plain_sympy(cond)
+        assert [bool(plain.xreplace({symbol("s0"): v})) for v in range(1, 5)] == want, cond
+
+
 def test_unbounded_symbol_gives_infinite_upper_bound():
     assert bounds(4 * n + 3, {"n": (2, None)}) == (11, sympy.oo)
 
