@@ -53,6 +53,14 @@ def test_a_floor_of_an_even_expression_over_twice_an_odd_number_stays_a_floor():
     assert sympy.floor(4 * n / 2) == 2 * n and sympy.ceiling(n / 3 + 1) == sympy.ceiling(n / 3) + 1  # still simplified
 
 
+def test_torch_clean_division_is_a_floor():
+    from torch.utils._sympy.functions import CleanDiv
+    s, t = sympy.Symbol("s0", integer=True, positive=True), sympy.Symbol("s1", integer=True, positive=True)
+    e = to_plain_sympy(CleanDiv(s + t, 2))  # torch's "divides exactly" (it stays CleanDiv here)
+    assert e == sympy.floor((symbol("s0") + symbol("s1")) / 2)
+    assert evaluate(e, {"s0": 5, "s1": 3}) == 4
+
+
 def test_torch_conditions_become_plain_sympy_conditions():
     s = sympy.Symbol("s0", integer=True, positive=True)
     for cond, want in ((sympy.Not(sympy.And(s > 1, sympy.Ne(s, 3))), [True, False, True, False]),
