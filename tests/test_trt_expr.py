@@ -87,3 +87,17 @@ def test_inexpressible_is_refused_with_the_expression(text, reason):
     with pytest.raises(SymbolicError, match=reason) as exc:
         to_trt(parse(text, names), symbols)
     assert "cannot express" in str(exc.value)
+
+
+@pytest.mark.parametrize("scale,offset,want", [(1, 0, "inputs[1].d[2]"), (2, 0, "kFLOOR_DIV"), (1, 3, "kSUB"),
+                                               (3, 1, "kFLOOR_DIV")])
+def test_a_symbol_read_from_a_scaled_or_shifted_dim_is_divided_and_shifted_back(scale, offset, want):
+    """n read from a dim 2n (scale 2) or n + 3 (offset 3): TensorRT's expression undoes both."""
+    from kernel_lens.codegen.plan import ModelPlan, SymbolRead
+    from kernel_lens.targets.trt.target import _printers
+
+    plan = ModelPlan.model_construct(symbols=["n"])
+    printed = _printers(plan)["trt_read"](SymbolRead(name="n", input=1, dim=2, scale=scale, offset=offset, min=1, max=None))
+    assert want in printed and "inputs[1].d[2]" in printed
+    if scale == 1 and offset == 0:
+        assert printed == "inputs[1].d[2]"
