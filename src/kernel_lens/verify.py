@@ -30,6 +30,7 @@ from .frontends.capture.recorder import capture
 from .frontends.lift import input_names
 from .frontends.trace.size_pieces import inputs_at, piece_ends
 from .ir import GraphIR
+from .kernels import is_own_kernel
 from .model_file import load_model_file
 from .runtime.signature import CallSignature, torch_dtype
 from .verify_launches import LaunchCheck, compare_launches, same_bytes
@@ -208,7 +209,7 @@ def own_kernels_note(ir: GraphIR) -> str:
     """What a value difference may come from when the model runs kernel_lens's own kernels
     (``optimize=2``) in place of torch ops: '' when it runs none."""
     names = sorted({k.name for g in ir.graphs() for k in g.kernels.values()
-                    if k.source.qualname.startswith("kernel_lens.kernels.")})
+                    if is_own_kernel(k.source.qualname)})
     if not names:
         return ""
     return (f"; the compiled model runs kernel_lens's own kernels ({', '.join(names)}: optimize=2) "

@@ -235,6 +235,19 @@ class OwnKernels:
         n, k = int(weight.shape[0]), int(weight.shape[1])
         return self.configs.get((n, k, bias is not None)) or table_config(n, k, self.room)
 
+    def _decide(self, key: tuple[str, int], taken: dict[int, bool], fits: bool) -> bool:
+        """Whether the call ``key`` (kind, site) is taken: the capture takes what fits and is not
+        excluded, and records it in ``taken``; the trace takes what the capture took where it
+        fits, and notes a call it decides otherwise (the forward is captured again)."""
+        site = key[1]
+        if self._tracing:
+            was = taken.get(site, False)
+            if (was and fits) != was:
+                self.mismatched.add(key)
+            return was and fits
+        taken[site] = key not in self.excluded and fits
+        return taken[site]
+
     def residual(self, y: Any, other: Any) -> Any:
         """``y + other`` as one GEMM when ``y`` is an unfused F.linear call's result (neither it
         nor the call's input written since) and ``other`` a tensor shaped like it, of its dtype
@@ -248,15 +261,7 @@ class OwnKernels:
         _, version, site, x, x_version, weight, bias, writes = hit
         fits = y._version == version and x._version == x_version and writes == self.writes \
             and _residual_fits(y, other)
-        if self._tracing:
-            was = self.residual_taken.get(site, False)
-            take = was and fits
-            if take != was:
-                self.mismatched.add(("residual", site))
-        else:
-            take = ("residual", site) not in self.excluded and fits
-            self.residual_taken[site] = take
-        if not take:
+        if not self._decide(("residual", site), self.residual_taken, fits):
             return None
         return own_linear(x, weight, bias, self._config(weight, bias), residual=other)
 
@@ -271,15 +276,7 @@ class OwnKernels:
             mask = _mask_rows(attn_mask, query, k)
             fits = self.arch >= 80 and _attention_fits(query, k, v, dropout_p, is_causal, scale) \
                 and (attn_mask is None or mask is not None)
-            if self._tracing:
-                was = self.attention_taken.get(site, False)
-                take = was and fits
-                if take != was:
-                    self.mismatched.add(("attention", site))
-            else:
-                take = ("attention", site) not in self.excluded and fits
-                self.attention_taken[site] = take
-            if not take:
+            if not self._decide(("attention", site), self.attention_taken, fits):
                 return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                                 is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
             # the capture's sizes, and in the trace the example's (a constexpr both must agree on)
