@@ -203,3 +203,67 @@ def test_tensor_addresses_computed_into_a_tensor_are_refused():
         kl.lift(_PointerTable(), (torch.randn(6, 4),), arch=90,
                 dynamic_shapes=({0: torch.export.Dim("rows", min=2, max=64)},))
     assert "\n" not in str(info.value)
+
+
+# ---- launch options: launch_pdl, launch_cooperative_grid (corpus model arg_launch_attrs) -----------
+def test_launch_options_reach_every_binary_and_a_binary_disagreeing_is_refused():
+    _, c = _compiled("arg_launch_attrs")
+    kernels = c.ir.kernels
+    assert {k.name: {f: k.options.extra.get(f) for f in ("launch_pdl", "launch_cooperative_grid")}
+            for k in kernels.values()} == {"affine_kernel": {"launch_pdl": True, "launch_cooperative_grid": None},
+                                           "mul_kernel": {"launch_pdl": None, "launch_cooperative_grid": True}}
+    for kernel in kernels.values():
+        assert kernel.binaries
+        for b in kernel.binaries:
+            assert (b.launch_pdl, b.launch_cooperative_grid) == \
+                ((True, False) if kernel.name == "affine_kernel" else (False, True))
+    doc = c.ir.model_dump(mode="json")
+    affine = next(k for k in doc["kernels"].values() if k["name"] == "affine_kernel")
+    affine["binaries"][0]["launch_pdl"] = False  # e.g. an IR written before the field existed
+    with pytest.raises(ValueError, match=r"affine_kernel binary 0: launch_pdl=False but the kernel was "
+                                         r"compiled with launch_pdl=True"):
+        GraphIR.model_validate(doc)
+
+
+@triton.jit
+def _gdc_by_attribute(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    tl.extra.cuda.gdc_wait()
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n)
+    tl.extra.cuda.gdc_launch_dependents()
+    tl.store(out_ptr + offs, x + 1.0, mask=offs < n)
+
+
+@triton.jit
+def _other_asm(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n)
+    seven = tl.inline_asm_elementwise("mov.u32 $0, 7;", "=r", [], dtype=tl.int32, is_pure=True, pack=1)
+    tl.store(out_ptr + offs, x + seven.to(tl.float32), mask=offs < n)
+
+
+class _OneKernel(torch.nn.Module):
+    def __init__(self, kernel):
+        super().__init__()
+        self.kernel = kernel
+
+    def forward(self, x):
+        out = torch.empty_like(x)
+        self.kernel[(1,)](x, out, x.numel(), BLOCK=64, launch_pdl=True)
+        return out
+
+
+def test_grid_dependency_control_runs_as_nothing_on_the_cpu_and_other_assembly_is_refused():
+    """Triton's interpreter runs no inline assembly; kernel_lens runs gdc_wait/launch_dependents
+    (called as ``tl.extra.cuda.*`` here; imported by name in the corpus model) as nothing, since
+    launches run one after another there, and names any other assembly and the way out."""
+    x = torch.randn(50)
+    c = kl.compile(_OneKernel(_gdc_by_attribute), (x,), arch=90)
+    assert torch.equal(c.run(x), x + 1.0)  # the artifact evaluated on the CPU
+    (kernel,) = c.ir.kernels.values()
+    assert all(b.launch_pdl for b in kernel.binaries) and "griddepcontrol.wait" in kernel.binaries[0].ptx
+    with pytest.raises(UnsupportedKernelError, match=r"inline assembly 'mov.u32 \$0, 7;' cannot run in "
+                                                     r"Triton's interpreter on the CPU: capture this model "
+                                                     r"on a GPU") as info:
+        kl.compile(_OneKernel(_other_asm), (x,), arch=90)
+    assert "\n" not in str(info.value)

@@ -94,6 +94,10 @@ def test_ptx_and_cubin_for_sm80_and_sm90(compiled):
         b90 = kernel.binaries[0]
         assert b90.arch == 90 and b90.specialized
         assert ".target sm_90a" in b90.ptx and b90.cubin[:4] == b"\x7fELF"
+        if "griddepcontrol" in b90.ptx:  # tl.extra.cuda.gdc_*: sm_90's instruction, named
+            with pytest.raises(CompilationError, match=f"(?s){kernel.name}.*sm_80.*requires .target sm_90"):
+                compile_binary(kernel, 80, kernel.specialization, specialized=True)
+            continue
         if any(p.dtype is not None and p.dtype.value.startswith("fp8") for p in kernel.params):
             # Triton supports fp8e4nv only from sm_89 on: the error must name the kernel.
             with pytest.raises(CompilationError, match=kernel.name):

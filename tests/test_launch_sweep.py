@@ -187,6 +187,9 @@ def _check_launch(model: Model, fake: Path, index: int, values: dict[str, int], 
     assert out["launches"] == "1", where
     assert out["grid"] == ",".join(map(str, grid)), where
     assert out["block"] == str(32 * binary.num_warps), where
+    # Triton's launch_pdl / launch_cooperative_grid: cuLaunchKernelEx with the attributes set
+    attrs = [":6=1"] * binary.launch_pdl + [":2=1"] * binary.launch_cooperative_grid
+    assert out["attrs"] == ("cuLaunchKernelEx" + "".join(attrs) if attrs else "cuLaunchKernel"), where
     image = _cubin_id(binary.cubin) if binary.arch == model.device else _fnv(binary.ptx.encode())
     assert out["image"] == image, f"{where}: another binary ran"
     names = list(ir.symbols)

@@ -202,6 +202,61 @@ def test_normal_launch_records_grid_block_shared_and_params(harness, fake_driver
     assert (r["launches"], r["loads"]) == ("1", "1")
 
 
+def test_normal_launch_goes_through_cuLaunchKernel(harness, fake_drivers):
+    assert run(harness, "normal", fake_drivers["full"])["attrs"] == "cuLaunchKernel"
+
+
+def test_launch_pdl_and_cooperative_grid_launch_with_triton_s_attributes(harness, fake_drivers):
+    """Triton launches a kernel compiled with launch_pdl / launch_cooperative_grid by
+    cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (6) / COOPERATIVE
+    (2) set to 1; the runtime does the same, with grid, block, shared memory and parameters as
+    a plain launch has them."""
+    r = run(harness, "launch_attrs", fake_drivers["full"])
+    assert [r[f"{n}_status"] for n in ("plain", "pdl", "cooperative", "both")] == [""] * 4
+    assert r["plain_attrs"] == "cuLaunchKernel"
+    assert r["pdl_attrs"] == "cuLaunchKernelEx:6=1"
+    assert r["cooperative_attrs"] == "cuLaunchKernelEx:2=1"
+    assert r["both_attrs"] == "cuLaunchKernelEx:6=1:2=1"
+    assert r["plain_launch"] == "3,2,1/128,1,1/1024"
+    for n in ("pdl", "cooperative", "both"):
+        assert r[f"{n}_launch"] == r["plain_launch"], n
+        # x and n as a plain launch has them, then a scratch buffer of its own, no profile scratch
+        params, plain = bytes.fromhex(r[f"{n}_params"]), bytes.fromhex(r["plain_params"])
+        assert len(params) == len(plain) == 28 and params[:12] == plain[:12] and params[20:] == bytes(8), n
+        assert params[12:20] != bytes(8), n
+    assert r["zero_grid_status"] == ""  # an empty grid launches nothing, as without attributes
+    assert r["failed_status"] == "kernel add_kernel: cuLaunchKernelEx: CUresult 719"
+    assert r["launches"] == "4"
+
+
+def test_launch_config_has_cuda_h_s_layout(tmp_path):
+    """kl_runtime.h declares CUlaunchConfig and CUlaunchAttribute itself (no CUDA header is needed
+    to build a plugin); their layout is cuda.h's (Triton's wheel ships one)."""
+    import triton
+
+    include = Path(triton.__file__).parent / "backends" / "nvidia" / "include"
+    assert (include / "cuda.h").is_file()
+    src = tmp_path / "layout.cpp"
+    fields = ["gridDimX", "gridDimY", "gridDimZ", "blockDimX", "blockDimY", "blockDimZ",
+              "sharedMemBytes", "hStream", "attrs", "numAttrs"]
+    checks = [f"static_assert(offsetof(kl::CUlaunchConfig, {f}) == offsetof(::CUlaunchConfig, {f}), \"{f}\");"
+              for f in fields]
+    checks += [
+        "static_assert(sizeof(kl::CUlaunchConfig) == sizeof(::CUlaunchConfig), \"config\");",
+        "static_assert(sizeof(kl::CUlaunchAttribute) == sizeof(::CUlaunchAttribute), \"attribute\");",
+        "static_assert(offsetof(kl::CUlaunchAttribute, value) == offsetof(::CUlaunchAttribute, value), \"value\");",
+        "static_assert(kl::kLaunchAttrCooperative == CU_LAUNCH_ATTRIBUTE_COOPERATIVE, \"cooperative\");",
+        "static_assert(kl::kLaunchAttrProgrammaticSerialization == "
+        "CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, \"pdl\");",
+        "static_assert(offsetof(::CUlaunchAttributeValue, programmaticStreamSerializationAllowed) == 0, \"flag\");",
+        "static_assert(offsetof(::CUlaunchAttributeValue, cooperative) == 0, \"flag\");",
+    ]
+    src.write_text("#include <cstddef>\n#include <cuda.h>\n#include \"kl_runtime.h\"\n" + "\n".join(checks)
+                   + "\nint main() { return 0; }\n")
+    _build([_tool("g++", "c++"), "-std=c++17", "-fsyntax-only", *WARNINGS, f"-I{include}", f"-I{RUNTIME}",
+            str(src)])
+
+
 def test_ptx_is_loaded_for_another_arch(harness, fake_drivers):
     r = run(harness, "ptx_fallback", fake_drivers["full"])
     assert r["status"] == "" and r["image_is_ptx"] == "1" and r["launches"] == "1"

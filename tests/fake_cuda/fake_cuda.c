@@ -42,6 +42,7 @@ enum {
 #define MAX_PARAMS 64  /* liger kernels take 30+ */
 #define PARAM_BYTES 1024  /* TMA descriptors take 128 each */
 #define IMAGE_BYTES 16
+#define MAX_ATTRS 8
 
 struct fail_rule { char name[64]; int result; };
 struct module { int live; unsigned char image[IMAGE_BYTES]; const void* image_ptr; };
@@ -51,6 +52,9 @@ struct launch {
   void* stream;
   int param_bytes;
   unsigned char params[PARAM_BYTES];
+  int ex;                     /* 1: launched by cuLaunchKernelEx */
+  int nattrs;                 /* its attributes: id and the value's first int */
+  int attrs[MAX_ATTRS][2];
 };
 
 static struct {
@@ -165,6 +169,15 @@ EXPORT int fake_launch_params(int i, unsigned char* out, int cap) {
   int n = S.launches[i].param_bytes < cap ? S.launches[i].param_bytes : cap;
   memcpy(out, S.launches[i].params, (size_t)n);
   return n;
+}
+/* Launch i's attributes as (id, value) pairs into out (2 ints each); returns how many, or -1 for
+ * a launch by cuLaunchKernel (no attributes possible). */
+EXPORT int fake_launch_attrs(int i, int* out, int cap) {
+  if (i < 0 || i >= S.nlaunches) return -2;
+  const struct launch* l = &S.launches[i];
+  if (!l->ex) return -1;
+  for (int k = 0; k < l->nattrs && 2 * k + 1 < cap; ++k) out[2 * k] = l->attrs[k][0], out[2 * k + 1] = l->attrs[k][1];
+  return l->nattrs;
 }
 EXPORT int fake_copy_count(void) { return S.copies; }
 
@@ -324,9 +337,8 @@ EXPORT CUresult cuFuncSetAttribute(CUfunction fn, int attr, int value) {
   return OK;
 }
 
-EXPORT CUresult cuLaunchKernel(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                               unsigned bz, unsigned shared, CUstream stream, void** params, void** extra) {
-  FAIL_IF_TOLD("cuLaunchKernel");
+static CUresult record_launch(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                              unsigned bz, unsigned shared, CUstream stream, void** params, void** extra) {
   if (fn == NULL || extra != NULL || fake_current() == NULL) return ERR_INVALID_VALUE;
   int idx = (int)((char*)fn - S.functions);
   if (idx < 0 || idx >= S.nmodules || !S.modules[idx].live) return ERR_INVALID_HANDLE;
@@ -345,6 +357,33 @@ EXPORT CUresult cuLaunchKernel(CUfunction fn, unsigned gx, unsigned gy, unsigned
     l->param_bytes += size;
   }
   ++S.nlaunches;
+  return OK;
+}
+
+EXPORT CUresult cuLaunchKernel(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                               unsigned bz, unsigned shared, CUstream stream, void** params, void** extra) {
+  FAIL_IF_TOLD("cuLaunchKernel");
+  return record_launch(fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
+}
+
+/* cuda.h's CUlaunchAttribute (id, 4 bytes of padding, a 64-byte value) and CUlaunchConfig. */
+typedef struct { int id; char pad[4]; union { char bytes[64]; int i; } value; } CUlaunchAttribute;
+typedef struct {
+  unsigned gx, gy, gz, bx, by, bz, shared;
+  CUstream stream;
+  CUlaunchAttribute* attrs;
+  unsigned nattrs;
+} CUlaunchConfig;
+
+EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* c, CUfunction fn, void** params, void** extra) {
+  FAIL_IF_TOLD("cuLaunchKernelEx");
+  if (c == NULL || c->nattrs > MAX_ATTRS || (c->nattrs > 0 && c->attrs == NULL)) return ERR_INVALID_VALUE;
+  CUresult r = record_launch(fn, c->gx, c->gy, c->gz, c->bx, c->by, c->bz, c->shared, c->stream, params, extra);
+  if (r != OK) return r;
+  struct launch* l = &S.launches[S.nlaunches - 1];
+  l->ex = 1;
+  l->nattrs = (int)c->nattrs;
+  for (unsigned k = 0; k < c->nattrs; ++k) l->attrs[k][0] = c->attrs[k].id, l->attrs[k][1] = c->attrs[k].value.i;
   return OK;
 }
 

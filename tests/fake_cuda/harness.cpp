@@ -43,6 +43,7 @@ struct Fake {
   int (*launch_count)();
   int (*launch_info)(int, unsigned*);
   int (*launch_params)(int, unsigned char*, int);
+  int (*launch_attrs)(int, int*, int);
   int (*copy_count)();
   void (*set_arch)(int, int, int);
 };
@@ -83,6 +84,7 @@ Fake load_fake() {
   sym(lib, "fake_launch_count", &f.launch_count);
   sym(lib, "fake_launch_info", &f.launch_info);
   sym(lib, "fake_launch_params", &f.launch_params);
+  sym(lib, "fake_launch_attrs", &f.launch_attrs);
   sym(lib, "fake_copy_count", &f.copy_count);
   sym(lib, "fake_set_arch", &f.set_arch);
   return f;
@@ -155,6 +157,15 @@ const kl::Binary kHugeProfileScratch = binary(0, 0, size_t{1} << 40);
 const kl::Binary kFourCtas = binary(0, 0, 0, 90, 4);
 const kl::Binary kSm80 = binary(0, 0, 0, 80);
 
+constexpr kl::Binary launched_with(kl::Binary b, bool pdl, bool cooperative) {
+  b.launch_pdl = pdl;
+  b.launch_cooperative_grid = cooperative;
+  return b;
+}
+const kl::Binary kPdl = launched_with(kPlain, true, false);
+const kl::Binary kCooperative = launched_with(kPlain, false, true);
+const kl::Binary kPdlCooperative = launched_with(kPlain, true, true);
+
 int ctx_a_storage, ctx_b_storage;
 void* const kCtxA = &ctx_a_storage;
 void* const kCtxB = &ctx_b_storage;
@@ -182,6 +193,17 @@ std::string hex(const unsigned char* p, int n) {
 
 std::string ptr_hex(const void* p) {  // the pointer's bytes as the kernel receives them
   return hex(reinterpret_cast<const unsigned char*>(&p), sizeof p);
+}
+
+// How launch i was made: "cuLaunchKernel", or "cuLaunchKernelEx" and each attribute as ":id=value".
+std::string attrs_of(const Fake& f, int i) {
+  int pairs[16] = {};
+  const int n = f.launch_attrs(i, pairs, 16);
+  if (n == -1) return "cuLaunchKernel";
+  if (n < 0) return "none";
+  std::string s = "cuLaunchKernelEx";
+  for (int k = 0; k < n && k < 8; ++k) s += ":" + std::to_string(pairs[2 * k]) + "=" + std::to_string(pairs[2 * k + 1]);
+  return s;
 }
 
 void counts(const Fake& f) {
@@ -311,8 +333,31 @@ int run(const std::string& scenario) {
     out("image", std::string(reinterpret_cast<const char*>(f.module_image(0)), 16));
     out("image_is_cubin", f.module_image_ptr(0) == static_cast<const void*>(kCubin));
     out("function", f.last_function_name());
+    out("attrs", attrs_of(f, 0));
     out("zero_grid_status", kl::launch(d, ctx, kPlain, 0, 2, 1, {&xp, &n}));
     out("negative_grid_status", kl::launch(d, ctx, kPlain, -1, 2, 1, {&xp, &n}));
+  } else if (scenario == "launch_attrs") {  // Triton's launch_pdl / launch_cooperative_grid
+    const int sizes[] = {8, 4, 8, 8};
+    f.set_param_sizes(sizes, 4);
+    void* xp = x.data();
+    int32_t n = 1234;
+    const kl::Binary* binaries[] = {&kPlain, &kPdl, &kCooperative, &kPdlCooperative};
+    const char* names[] = {"plain", "pdl", "cooperative", "both"};
+    for (int i = 0; i < 4; ++i) {
+      out((std::string(names[i]) + "_status").c_str(), kl::launch(d, ctx, *binaries[i], 3, 2, 1, {&xp, &n}));
+      out((std::string(names[i]) + "_attrs").c_str(), attrs_of(f, i));
+      unsigned info[7] = {};
+      f.launch_info(i, info);
+      out((std::string(names[i]) + "_launch").c_str(),
+          std::to_string(info[0]) + "," + std::to_string(info[1]) + "," + std::to_string(info[2]) + "/" +
+              std::to_string(info[3]) + "," + std::to_string(info[4]) + "," + std::to_string(info[5]) + "/" +
+              std::to_string(info[6]));
+      unsigned char params[64];
+      out((std::string(names[i]) + "_params").c_str(), hex(params, f.launch_params(i, params, sizeof params)));
+    }
+    out("zero_grid_status", kl::launch(d, ctx, kPdl, 0, 2, 1, {&xp, &n}));
+    f.fail("cuLaunchKernelEx", 719);
+    out("failed_status", kl::launch(d, ctx, kPdl, 3, 2, 1, {&xp, &n}));
   } else if (scenario == "ptx_fallback") {
     out("status", launch_plain(d, ctx, kSm80));
     out("image_is_ptx", f.module_image_ptr(0) == static_cast<const void*>(kPtx));
@@ -481,6 +526,7 @@ int run_spec(const char* path) {
     out("grid", std::to_string(info[0]) + "," + std::to_string(info[1]) + "," + std::to_string(info[2]));
     out("block", info[3]);
     out("shared", info[6]);
+    out("attrs", attrs_of(f, 0));
     std::vector<unsigned char> params(4096);
     out("params", hex(params.data(), f.launch_params(0, params.data(), static_cast<int>(params.size()))));
   }

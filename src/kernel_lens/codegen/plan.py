@@ -181,10 +181,6 @@ def _binaries(kernel: KernelIR) -> list[BinaryPlan]:
         if binary.num_ctas != 1:
             raise UnsupportedKernelError(f"kernel {kernel.name}: num_ctas={binary.num_ctas} (thread-block "
                                          f"clusters) is not supported by the kernel_lens launcher yet")
-        for flag in ("launch_cooperative_grid", "launch_pdl"):
-            if kernel.options.extra.get(flag):
-                raise UnsupportedKernelError(f"kernel {kernel.name}: {flag}=True is not supported by the "
-                                             f"kernel_lens launcher yet (it launches with cuLaunchKernel)")
         predicates = []
         for pname, spec in binary.assumptions.items():
             local = "p" if kernel.param(pname).kind == ParamKind.tensor else "v"

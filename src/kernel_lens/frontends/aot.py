@@ -118,11 +118,12 @@ def ptx_entry_param_count(ptx: str, entry: str) -> int:
     return len(re.findall(r"\.param\s", match.group(1)))
 
 
-_CACHE_SCHEMA = "kernel_lens.aot/2"
+_CACHE_SCHEMA = "kernel_lens.aot/3"
 # What a cache entry keeps of Triton's CompiledKernel: the assembly and the metadata we read.
 _MD_FIELDS = ("name", "num_warps", "num_ctas", "shared", "global_scratch_size", "global_scratch_align",
-              "profile_scratch_size", "profile_scratch_align")
-_MD_DEFAULTS = {"profile_scratch_size": 0, "profile_scratch_align": 1}  # older Tritons lack them
+              "profile_scratch_size", "profile_scratch_align", "launch_pdl", "launch_cooperative_grid")
+_MD_DEFAULTS = {"profile_scratch_size": 0, "profile_scratch_align": 1,  # older Tritons lack them
+                "launch_pdl": False, "launch_cooperative_grid": False}
 
 
 def _triton_install() -> list:
@@ -276,5 +277,7 @@ def compile_binary(kernel: KernelIR, arch: int, assumptions: dict[str, Specializ
         profile_scratch_align=getattr(md, "profile_scratch_align", 1),
         tensordesc_meta=None if tma is None else [None if m is None else TmaMeta.model_validate(m)
                                                   for m in tma],
+        launch_pdl=bool(getattr(md, "launch_pdl", False)),
+        launch_cooperative_grid=bool(getattr(md, "launch_cooperative_grid", False)),
         triton_version=triton.__version__,
     )

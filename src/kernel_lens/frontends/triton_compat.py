@@ -18,6 +18,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import make_backend
 from triton.runtime.autotuner import Autotuner, Heuristics
 from triton.language.extra import libdevice
+from triton.language.extra import cuda as cuda_extra
+from triton.language.extra.cuda import gdc
 from triton.language.extra.cuda import libdevice as cuda_libdevice
 from triton.runtime import interpreter
 from triton.runtime.jit import JITFunction, KernelInterface, create_function_from_signature
@@ -118,6 +120,12 @@ def interpreter_scalar(ty: str, value: Any) -> Any:
 def libdevice_modules() -> tuple[Any, Any]:
     """(backend-neutral stub module, CUDA libdevice module) of the installed Triton."""
     return libdevice, cuda_libdevice
+
+
+def cuda_extra_modules() -> tuple[Any, Any]:
+    """(``triton.language.extra.cuda``, its grid dependency control module ``gdc``): where
+    ``gdc_wait`` / ``gdc_launch_dependents`` are defined and re-exported."""
+    return cuda_extra, gdc
 
 
 @functools.lru_cache(maxsize=None)

@@ -21,7 +21,7 @@ from .names import Identifier, MAX_NAME
 from .symbolic import SymbolInfo, SymExpr, parse, symbol
 from .types import DType
 
-SCHEMA_VERSION = "1.7"
+SCHEMA_VERSION = "1.8"
 
 # What one document may hold: far past any model (an 80-layer LLM launches a few thousand
 # kernels), near enough that a crafted document is refused before it costs seconds or gigabytes.

@@ -263,6 +263,10 @@ class KernelBinary(_Model):
     tensordesc_meta: list[TmaMeta] | None = Field(
         default=None, description="per tensor-descriptor parameter (in order), how this binary "
         "takes it as a TMA descriptor; None: each is passed as base pointer, shape and strides")
+    launch_pdl: bool = Field(default=False, description="Triton's launch_pdl: launched with "
+                             "programmatic stream serialization (programmatic dependent launch)")
+    launch_cooperative_grid: bool = Field(default=False, description="Triton's "
+                                          "launch_cooperative_grid: launched as a cooperative grid")
     triton_version: str
 
     @property
@@ -324,6 +328,10 @@ class KernelIR(_Model):
                                      f"descriptor {p.name!r} of rank {p.rank}")
             for abi in b.abi:
                 _check_abi(where, leaves, tma, abi)
+            for flag in _LAUNCH_FLAGS:  # a launch without them would not be the kernel's launch
+                if getattr(b, flag) != bool(self.options.extra.get(flag, False)):
+                    raise ValueError(f"{where}: {flag}={getattr(b, flag)} but the kernel was compiled "
+                                     f"with {flag}={self.options.extra.get(flag, False)}")
         return self
 
     def leaves(self) -> list[KernelParam]:
@@ -349,6 +357,8 @@ def _runtime_param(kernel: KernelIR, leaves: dict, name: str, field: str) -> Ker
 
 
 _SCRATCH = ("global_scratch", "profile_scratch")
+#: Triton's compile options that change how a binary is launched (cuLaunchKernelEx attributes)
+_LAUNCH_FLAGS = ("launch_pdl", "launch_cooperative_grid")
 
 
 def _check_abi(where: str, leaves: dict, tma: dict, abi: AbiParam) -> None:

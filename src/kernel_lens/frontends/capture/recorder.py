@@ -13,11 +13,14 @@ import contextlib
 import functools
 import logging
 import os
+import re
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+import numpy as np
 import torch
+import triton.language as tl
 from triton.compiler.compiler import CompiledKernel
 from triton.runtime import interpreter
 from triton.runtime.interpreter import InterpretedFunction, InterpreterError
@@ -195,8 +198,11 @@ def _no_cuda_libdevice(name: str) -> Callable:
 def _patch_lang_libdevice(fn: Any) -> Any:
     """Triton's ``_patch_lang`` plus libdevice, mapped as Triton's code generator maps it for a
     CUDA target: the CUDA wrappers get the interpreter's semantic, and the backend-neutral stubs
-    (module attributes, and names a kernel imported from either module) resolve to them."""
+    (module attributes, and names a kernel imported from either module) resolve to them. The
+    other builtins of ``tl.extra.cuda`` (``gdc_wait``, ...) get the interpreter's semantic too,
+    as attributes and as names a kernel imported."""
     stub, cuda = tc.libdevice_modules()
+    extra, gdc = tc.cuda_extra_modules()
     outermost = not _LibdeviceScope.active  # helpers run inside their kernel's scope
     scope = _LibdeviceScope(_ORIG_PATCH_LANG(fn))
 
@@ -206,14 +212,20 @@ def _patch_lang_libdevice(fn: Any) -> Any:
     try:
         if outermost:
             interpreter._patch_builtin(cuda, interpreter.interpreter_builder, scope)
+            for module in (extra, gdc):
+                interpreter._patch_builtin(module, interpreter.interpreter_builder, scope)
             for name, value in vars(stub).items():
                 if callable(value) and getattr(value, "__module__", None) == stub.__name__:
                     scope.set_attr(stub, name, impl(name))
         modules = (stub.__name__, cuda.__name__)
         for key, value in list(fn.__globals__.items()):
-            if callable(value) and not isinstance(value, type) \
-                    and getattr(value, "__module__", None) in modules:
+            if not callable(value) or isinstance(value, type):
+                continue
+            module = getattr(value, "__module__", None)
+            if module in modules:
                 scope.set_item(fn.__globals__, key, impl(value.__name__))
+            elif module == gdc.__name__:
+                scope.set_item(fn.__globals__, key, getattr(gdc, value.__name__))
     except BaseException:
         scope.restore()
         raise
@@ -236,6 +248,34 @@ def _extern_elementwise(self: Any, lib_name: str, lib_path: str, symbol: str, ar
             f"interpreter cannot run it on a CPU-only host: capture this model on a GPU (inputs "
             f"on 'cuda'), or use another libdevice function") from None
     return interpreter.TensorHandle(data, ret_type.scalar)
+
+
+#: Triton's grid dependency control (``tl.extra.cuda.gdc_wait`` / ``gdc_launch_dependents``): the
+#: only inline assembly the interpreter runs, as nothing. It orders a launch after the one before
+#: it on the stream, and the interpreter runs launches one after another anyway.
+_GDC_ASM = re.compile(r"\s*griddepcontrol\.(wait|launch_dependents)\s*;")
+
+
+class _AsmResults:
+    """What ``create_inline_asm`` returns: its results by index, as an MLIR op gives them."""
+
+    def __init__(self, handles: list) -> None:
+        self.handles = handles
+
+    def get_result(self, i: int) -> Any:
+        return self.handles[i]
+
+
+def _inline_asm(self: Any, asm: str, constraints: str, values: list, types: list, is_pure: bool,
+                pack: int) -> Any:
+    """``InterpreterBuilder.create_inline_asm``: grid dependency control runs as nothing (its
+    dummy int32 result is 0); any other assembly cannot run on the CPU."""
+    if _GDC_ASM.match(asm) and not values:
+        return _AsmResults([interpreter.TensorHandle(np.zeros(1, dtype=np.int32), tl.int32)
+                            for _ in types])
+    raise UnsupportedKernelError(f"inline assembly {asm.strip()[:60]!r} cannot run in Triton's "
+                                 f"interpreter on the CPU: capture this model on a GPU (inputs on "
+                                 f"'cuda')")
 
 
 def _patch_lang_tensor_numpy2(tensor: Any, scope: Any) -> None:
@@ -323,7 +363,9 @@ def interpret_launch(jit_fn: Any, args: tuple, kwargs: dict, grid: tuple,
             _patched(interpreter, "_patch_lang_tensor", _patch_lang_tensor_numpy2), \
             _patched(interpreter, "_patch_lang", _patch_lang_libdevice), \
             _patched(interpreter.InterpreterBuilder, "create_extern_elementwise",
-                     _extern_elementwise), interpreter_casts.rounded_casts():
+                     _extern_elementwise), \
+            _patched(interpreter.InterpreterBuilder, "create_inline_asm", _inline_asm), \
+            interpreter_casts.rounded_casts():
         try:
             with checked_memory(tensor_ranges(params), kernel=kernel):
                 _interpreted_fn(jit_fn).run(grid=grid, warmup=False, **params)

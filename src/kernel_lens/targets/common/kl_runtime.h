@@ -45,6 +45,27 @@ constexpr int kAttrComputeCapabilityMinor = 76;  // CU_DEVICE_ATTRIBUTE_COMPUTE_
 constexpr int kAttrMaxSharedOptin = 97;          // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
 constexpr int kFuncAttrMaxDynamicShared = 8;     // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 
+// cuLaunchKernelEx's configuration, laid out as cuda.h (CUDA 12.0+) lays out CUlaunchConfig and
+// CUlaunchAttribute (tests/test_runtime_cpp.py checks sizes and offsets against a real cuda.h).
+constexpr int kLaunchAttrCooperative = 2;               // CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+constexpr int kLaunchAttrProgrammaticSerialization = 6;  // CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+struct CUlaunchAttribute {
+  int id;
+  char pad[8 - sizeof(int)];
+  union {
+    char bytes[64];
+    int flag;  // cooperative / programmaticStreamSerializationAllowed: nonzero sets it
+  } value;
+};
+struct CUlaunchConfig {
+  unsigned gridDimX, gridDimY, gridDimZ;
+  unsigned blockDimX, blockDimY, blockDimZ;
+  unsigned sharedMemBytes;
+  CUstream hStream;
+  CUlaunchAttribute* attrs;
+  unsigned numAttrs;
+};
+
 struct Driver {
   CUresult (*cuInit)(unsigned) = nullptr;
   CUresult (*cuGetErrorName)(CUresult, const char**) = nullptr;
@@ -60,6 +81,7 @@ struct Driver {
   CUresult (*cuFuncSetAttribute)(CUfunction, int, int) = nullptr;
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, CUstream, void**, void**) = nullptr;
+  CUresult (*cuLaunchKernelEx)(const CUlaunchConfig*, CUfunction, void**, void**) = nullptr;  // CUDA 12.0+
   CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream) = nullptr;
   CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream) = nullptr;
   CUresult (*cuCtxGetId)(CUcontext, unsigned long long*) = nullptr;  // CUDA 12.0+
@@ -129,6 +151,7 @@ inline const Driver* driver(Status* error) {
     need("cuModuleGetFunction", &d.cuModuleGetFunction);
     need("cuFuncSetAttribute", &d.cuFuncSetAttribute);
     need("cuLaunchKernel", &d.cuLaunchKernel);
+    need("cuLaunchKernelEx", &d.cuLaunchKernelEx);
     need("cuMemcpyDtoDAsync_v2", &d.cuMemcpyDtoDAsync);
     need("cuMemsetD8Async", &d.cuMemsetD8Async);
     need("cuCtxGetId", &d.cuCtxGetId);
@@ -172,6 +195,8 @@ struct Binary {
   size_t global_scratch_align;
   size_t profile_scratch_size;
   const char* variant = "";    // "specialized" or "generic": which assumptions it was built under
+  bool launch_pdl = false;     // Triton's launch_pdl: programmatic dependent launch (cuLaunchKernelEx)
+  bool launch_cooperative_grid = false;  // Triton's launch_cooperative_grid: a cooperative launch
 };
 
 // The compute capability (major * 10 + minor) of the current context's device, read once per
@@ -498,10 +523,28 @@ inline Status launch(const Driver& d, LaunchContext& ctx, const Binary& b, int64
   if (log_launches())
     std::fprintf(stderr, "kernel_lens: launch %s binary=%s arch=sm_%d grid=%s\n", b.kernel, b.variant, b.arch,
                  grid.c_str());
-  KL_CHECK(d, d.cuLaunchKernel(fn, static_cast<unsigned>(blocks_x), static_cast<unsigned>(gy),
-                               static_cast<unsigned>(gz), 32 * b.num_warps, 1, 1, b.shared, ctx.stream(),
-                               params.data(), nullptr),
-           std::string("kernel ") + b.kernel + ": cuLaunchKernel");
+  if (!b.launch_pdl && !b.launch_cooperative_grid) {
+    KL_CHECK(d, d.cuLaunchKernel(fn, static_cast<unsigned>(blocks_x), static_cast<unsigned>(gy),
+                                 static_cast<unsigned>(gz), 32 * b.num_warps, 1, 1, b.shared, ctx.stream(),
+                                 params.data(), nullptr),
+             std::string("kernel ") + b.kernel + ": cuLaunchKernel");
+    return {};
+  }
+  // As Triton's launcher does for the same options: cuLaunchKernelEx with one attribute each.
+  CUlaunchAttribute attrs[2] = {};
+  unsigned n = 0;
+  if (b.launch_pdl) {
+    attrs[n].id = kLaunchAttrProgrammaticSerialization;
+    attrs[n++].value.flag = 1;
+  }
+  if (b.launch_cooperative_grid) {
+    attrs[n].id = kLaunchAttrCooperative;
+    attrs[n++].value.flag = 1;
+  }
+  CUlaunchConfig config = {static_cast<unsigned>(blocks_x), static_cast<unsigned>(gy), static_cast<unsigned>(gz),
+                           32 * b.num_warps, 1, 1, b.shared, ctx.stream(), attrs, n};
+  KL_CHECK(d, d.cuLaunchKernelEx(&config, fn, params.data(), nullptr),
+           std::string("kernel ") + b.kernel + ": cuLaunchKernelEx");
   return {};
 }
 
