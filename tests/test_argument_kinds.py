@@ -217,6 +217,8 @@ def test_launch_options_reach_every_binary_and_a_binary_disagreeing_is_refused()
         for b in kernel.binaries:
             assert (b.launch_pdl, b.launch_cooperative_grid) == \
                 ((True, False) if kernel.name == "affine_kernel" else (False, True))
+    shown = summarize(c.ir)  # dump-ir's text names the options of each kernel
+    assert "num_ctas=1 launch_pdl=True\n" in shown and "num_ctas=1 launch_cooperative_grid=True\n" in shown
     doc = c.ir.model_dump(mode="json")
     affine = next(k for k in doc["kernels"].values() if k["name"] == "affine_kernel")
     affine["binaries"][0]["launch_pdl"] = False  # e.g. an IR written before the field existed

@@ -85,8 +85,9 @@ def _graph_lines(ir: GraphIR) -> list[str]:
         opts = k.options
         tune = f"  autotune={opts.autotune_config} ({opts.autotune_choice})" if opts.autotune_config else ""
         out.append(f"  {k.id}: {k.source.qualname}  ({k.source.file}:{k.source.line})")
+        launch = "".join(f" {f}=True" for f in ("launch_pdl", "launch_cooperative_grid") if opts.extra.get(f))
         out.append(f"    num_warps={opts.num_warps} num_stages={opts.num_stages} "
-                   f"num_ctas={opts.num_ctas}{tune}")
+                   f"num_ctas={opts.num_ctas}{launch}{tune}")
         for p in k.leaves():
             spec = k.specialization.get(p.name)
             facts = [f for f in ("aligned16", "divisible16", "equal_to_1", "int32")
