@@ -44,7 +44,7 @@ def launches_with_pdl(compiled) -> int:
                if any(b.launch_pdl for b in g.kernels[l.kernel].binaries))
 
 
-def run(args) -> dict:
+def run(args, save) -> dict:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     B.PROFILE = args.profile
@@ -88,6 +88,7 @@ def run(args) -> dict:
             rows[1]["pdl_logits_identical"] = rows[2]["pdl_logits_identical"] = identical
             rows[1]["pdl_over_no_pdl"] = round(rows[1]["ms_per_token"] / rows[2]["ms_per_token"], 4)
             result["rows"] += rows
+            save(result)  # after every group: a run cut short keeps what it measured
             print(json.dumps(rows, indent=1), flush=True)
             del prepared
             B._free()
@@ -106,8 +107,7 @@ def main() -> None:
     parser.add_argument("--out-dir", default="kl_pdl_bench")
     parser.add_argument("--json", default="pdl_results.json")
     args = parser.parse_args()
-    result = run(args)
-    Path(args.json).write_text(json.dumps(result, indent=1))
+    run(args, lambda result: Path(args.json).write_text(json.dumps(result, indent=1)))
 
 
 if __name__ == "__main__":
