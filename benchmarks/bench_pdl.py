@@ -51,7 +51,8 @@ def run(args, save) -> dict:
     dtype = B.DTYPES["fp16"]
     result = {"env": {**B.environment(args, dtype), "script": "benchmarks/bench_pdl.py",
                       "rounds": args.rounds}, "rows": []}
-    peak = B.hbm_peak(torch.cuda.get_device_name())
+    peak, source = B.hbm_peak(torch.cuda.get_device_name(), None)
+    result["env"]["hbm_peak_tbs"], result["env"]["hbm_peak_source"] = peak, source
     for context in args.contexts:
         model = B.build_model(context, dtype)
         for batch in args.batches:
