@@ -26,10 +26,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_decode as B  # noqa: E402  (this folder)
 from bench_decode import D, kl  # noqa: E402
 from kernel_lens.frontends.own_kernels import OwnKernels  # noqa: E402
+from kernel_lens.kernels import skinny_gemm as SG  # noqa: E402
 
 
 def compile_o2(model, batch: int, folder: Path, pdl: bool):
+    """The -O2 compile; without PDL it takes the configs the PDL compile timed (one A/B: the
+    same tiles, splits and sums, so the same bits)."""
     OwnKernels.PDL = pdl
+    if not pdl:
+        for key in [k for k in SG._TUNED if k[-1] is True]:
+            SG._TUNED[key[:-1] + (False,)] = SG._TUNED[key]
     try:
         example = D.make_inputs(model, batch, position=B.PROMPT_LEN, device="cuda")
         t0 = time.perf_counter()
@@ -37,6 +43,19 @@ def compile_o2(model, batch: int, folder: Path, pdl: bool):
         return compiled, round(time.perf_counter() - t0, 1)
     finally:
         OwnKernels.PDL = True
+
+
+def gemm_configs(compiled) -> list:
+    """Each own GEMM launch's tile, split and pipelining, in order."""
+    out = []
+    for g in compiled.ir.graphs():
+        for launch in g.launches:
+            kernel = g.kernels[launch.kernel]
+            if kernel.name == "_skinny_gemm":
+                const = {a.name: a.constant for a in launch.args}
+                out.append([const["BLOCK_N"], const["BLOCK_K"], const["SPLIT_K"], kernel.options.num_warps,
+                            kernel.options.num_stages])
+    return out
 
 
 def launches_with_pdl(compiled) -> int:
@@ -70,7 +89,8 @@ def run(args, save) -> dict:
                                                pdl)
                 name = "kernel_lens_o2_pdl" if pdl else "kernel_lens_o2_no_pdl"
                 makers.append((name, B.make_kl_cuda_graph(compiled), {"compile_s": seconds,
-                                                                      "pdl_launches": launches_with_pdl(compiled)}))
+                                                                      "pdl_launches": launches_with_pdl(compiled),
+                                                                      "gemm_configs": gemm_configs(compiled)}))
             for name, maker, extra in makers:
                 row = {"variant": name, "context": context, "batch": batch, **(extra or {})}
                 out, lg, step_fn, caches = B.prepare_variant(row, maker, model, batch, ids, prompt, args.tokens,
@@ -87,6 +107,7 @@ def run(args, save) -> dict:
             on, off = logits["kernel_lens_o2_pdl"], logits["kernel_lens_o2_no_pdl"]
             identical = len(on) == len(off) and all(torch.equal(a, b) for a, b in zip(on, off))
             rows[1]["pdl_logits_identical"] = rows[2]["pdl_logits_identical"] = identical
+            rows[1]["same_gemm_configs"] = rows[1]["gemm_configs"] == rows[2]["gemm_configs"]
             rows[1]["pdl_over_no_pdl"] = round(rows[1]["ms_per_token"] / rows[2]["ms_per_token"], 4)
             result["rows"] += rows
             save(result)  # after every group: a run cut short keeps what it measured
