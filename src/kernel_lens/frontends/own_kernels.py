@@ -93,15 +93,10 @@ class OwnKernels:
     """``F.linear`` (``linear``) and ``F.scaled_dot_product_attention`` (``attention``)
     replaced while :meth:`active`; call sites are counted in call order."""
 
-    #: Programmatic dependent launches where every arch built has them (sm_90+); False: never
-    #: (benchmarks/bench_decode.py --no-pdl measures what they are worth)
-    PDL = True
-
     def __init__(self, arch: int, linear: bool = True, attention: bool = False,
                  archs: Any = None):
         self.arch = arch
         self.room = shared_room(archs or (arch,))  # the GEMM's tiles run on every arch built
-        self.pdl = OwnKernels.PDL and min(archs or (arch,)) >= 90
         self.linear, self.attention = linear, attention
         self.attention_taken: dict[int, bool] = {}  # the capture's decision per SDPA call
         self._attention_site = 0
@@ -194,16 +189,15 @@ class OwnKernels:
                 return original(x, weight, bias)
             group = self.groups.get(site)
             if group is None:
-                y = own_linear(x, weight, bias, self._config(weight, bias), pdl=self.pdl)
+                y = own_linear(x, weight, bias, self._config(weight, bias))
                 self._results[id(y)] = (y, y._version, site, x, x._version, weight, bias, self.writes)
                 return y
             if self._named(weight, bias) != (group.weights[0], group.biases[0]):
                 self.mismatched.add(site)
-                return own_linear(x, weight, bias, self._config(weight, bias), pdl=self.pdl)
+                return own_linear(x, weight, bias, self._config(weight, bias))
             fused_w = self._model.get_buffer(group.buffer)
             fused_b = self._model.get_buffer(group.buffer + "_bias") if group.biases[0] else None
-            parts = own_linear(x, fused_w, fused_b, self._config(fused_w, fused_b), segments=group.sizes,
-                               pdl=self.pdl)
+            parts = own_linear(x, fused_w, fused_b, self._config(fused_w, fused_b), segments=group.sizes)
             for s, part in zip(group.sites[1:], parts[1:]):
                 self._pending[s] = (x, x._version, part, group, self.writes)
             return parts[0]
@@ -222,7 +216,7 @@ class OwnKernels:
         if same:
             return part
         self.mismatched.add(site)
-        return own_linear(x, weight, bias, self._config(weight, bias), pdl=self.pdl) \
+        return own_linear(x, weight, bias, self._config(weight, bias)) \
             if self._fits(x, weight, bias) and _rows_fit(x) else original(x, weight, bias)
 
     def launched(self, launch: Any) -> None:
@@ -269,7 +263,7 @@ class OwnKernels:
             and _residual_fits(y, other)
         if not self._decide(("residual", site), self.residual_taken, fits):
             return None
-        return own_linear(x, weight, bias, self._config(weight, bias), residual=other, pdl=self.pdl)
+        return own_linear(x, weight, bias, self._config(weight, bias), residual=other)
 
     # ------------------------------------------------------------------ attention
     def _sdpa(self, original: Any) -> Any:
@@ -287,7 +281,7 @@ class OwnKernels:
                                 is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
             # the capture's sizes, and in the trace the example's (a constexpr both must agree on)
             splits = split_count(_hint(query.shape[0], 1), int(k.shape[1]), _hint(k.shape[2], 1024))
-            out = decode_attention(query[:, :, 0], k, v, None, scale, splits=splits, mask=mask, pdl=self.pdl)
+            out = decode_attention(query[:, :, 0], k, v, None, scale, splits=splits, mask=mask)
             return out.unsqueeze(2)
         return sdpa
 
@@ -321,7 +315,7 @@ class OwnKernels:
         for w, b, x in weights:
             key = (int(w.shape[0]), int(w.shape[1]), b is not None)
             if key not in self.configs:
-                self.configs[key] = tune(int(_rows(x)), w, b, self.room, self.pdl)
+                self.configs[key] = tune(int(_rows(x)), w, b, self.room)
         changed = bool(self.groups) or any(c != table_config(n, k, self.room)
                                            for (n, k, _), c in self.configs.items())
         if self.groups:

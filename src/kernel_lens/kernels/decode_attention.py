@@ -13,7 +13,6 @@ import math
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -29,13 +28,10 @@ def _decode_split(q_ptr, k_ptr, v_ptr, len_ptr, mask_ptr, acc_ptr, stat_ptr, sca
                   stride_qb, stride_qh, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
                   stride_mb, H_Q: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
                   BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, SPLITS: tl.constexpr,
-                  HAS_LENGTHS: tl.constexpr, HAS_MASK: tl.constexpr, PDL: tl.constexpr):
+                  HAS_LENGTHS: tl.constexpr, HAS_MASK: tl.constexpr):
     """One program: sequence ``b``, key head ``kv`` and the GROUP query heads that read it (rows
     of a [BLOCK_G, D] tile, padded to 16 for the tensor cores), one slice of the keys: each
-    key/value block is read once for the whole group. PDL: as the skinny GEMM's (nothing read
-    before the launch before it has finished)."""
-    if PDL:
-        gdc_wait()
+    key/value block is read once for the whole group."""
     b = tl.program_id(0)
     kv = tl.program_id(1)
     split = tl.program_id(2)
@@ -71,8 +67,6 @@ def _decode_split(q_ptr, k_ptr, v_ptr, len_ptr, mask_ptr, acc_ptr, stat_ptr, sca
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v)  # p in v's dtype, as flash attention
         l = l * alpha + tl.sum(p, axis=1)
         m = m_new
-    if PDL:
-        gdc_launch_dependents()
     row = (b * H_Q + h) * SPLITS + split
     tl.store(acc_ptr + row[:, None] * BLOCK_D + d[None, :], acc, mask=head[:, None])
     tl.store(stat_ptr + row * 2, m, mask=head)
@@ -81,9 +75,7 @@ def _decode_split(q_ptr, k_ptr, v_ptr, len_ptr, mask_ptr, acc_ptr, stat_ptr, sca
 
 @triton.jit
 def _decode_combine(acc_ptr, stat_ptr, o_ptr, stride_ob, stride_oh, H_Q: tl.constexpr,
-                    D: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr):
-    if PDL:
-        gdc_wait()
+                    D: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     d = tl.arange(0, BLOCK_D)
@@ -98,23 +90,20 @@ def _decode_combine(acc_ptr, stat_ptr, o_ptr, stride_ob, stride_oh, H_Q: tl.cons
         w = tl.where(m == -float("inf"), 0.0, tl.exp(m - top))
         total += tl.load(stat_ptr + (base + i) * 2 + 1) * w
         out += tl.load(acc_ptr + (base + i) * BLOCK_D + d) * w
-    if PDL:
-        gdc_launch_dependents()
     out = tl.where(total > 0, out / total, 0.0)  # no key attended: 0, as torch's SDPA gives
     tl.store(o_ptr + b * stride_ob + h * stride_oh + d, out.to(o_ptr.dtype.element_ty), mask=d < D)
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor | None = None,
                      scale: float | None = None, splits: int = 8, block_s: int = 64,
-                     mask: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
+                     mask: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of ``q`` [B, H_q, D] (one position each) over ``k``, ``v`` [B, H_kv, S, D]
     (last dim contiguous), keys ``< lengths[b]`` of sequence ``b`` (all keys without
     ``lengths``) where ``mask`` (bool [B or 1, S], last dim contiguous) holds; the result is
     [B, H_q, D] in ``q``'s dtype. A sequence with no key attended gets 0 (as torch's SDPA
     gives). ``block_s`` keys a step (rounded up to a power of two, at least 16: the tensor
     cores' smallest tile; at most 8192 // the padded head size), in ``splits`` slices (see
-    :func:`split_count`). ``pdl``: programmatic dependent launches, as
-    :func:`kernel_lens.kernels.skinny_gemm.skinny_matmul`'s (sm_90 and newer only)."""
+    :func:`split_count`)."""
     B, H_q, D = q.shape
     Bk, H_kv, S, Dk = k.shape
     if Bk != B or Dk != D or v.shape != k.shape or H_q % H_kv or \
@@ -143,10 +132,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
                                     k.stride(2), v.stride(0), v.stride(1), v.stride(2), stride_mb, H_Q=H_q,
                                     GROUP=group, BLOCK_G=max(triton.next_power_of_2(group), 16), D=D,
                                     BLOCK_D=block_d, BLOCK_S=block_s, SPLITS=splits,
-                                    HAS_LENGTHS=lengths is not None, HAS_MASK=mask is not None, PDL=pdl,
-                                    launch_pdl=pdl)
+                                    HAS_LENGTHS=lengths is not None, HAS_MASK=mask is not None)
     _decode_combine[(B, H_q)](acc, stats, out, out.stride(0), out.stride(1), H_Q=H_q, D=D,
-                              BLOCK_D=block_d, SPLITS=splits, PDL=pdl, launch_pdl=pdl)
+                              BLOCK_D=block_d, SPLITS=splits)
     return out
 
 

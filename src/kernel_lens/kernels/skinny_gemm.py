@@ -15,7 +15,6 @@ import torch
 import triton
 import triton.testing
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 MAX_ROWS = 16
 
@@ -52,13 +51,9 @@ def _plus_residual(acc, res_ptr, rm, rn, stride_rm, keep, dtype: tl.constexpr):
 def _skinny_gemm(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, M, N, K, S1, S2,
                  stride_xm, stride_xk, stride_wk, stride_wn, stride_rm,
                  HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                 PDL: tl.constexpr):
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     """``out`` is y in segments (SPLIT_K 1: bias and residual added) or the fp32 partials
-    [SPLIT_K, M, N]. PDL (launched with launch_pdl, sm_90+): nothing is read or written before
-    the launch before it has finished (``gdc_wait``); the next may launch once the loop is done."""
-    if PDL:
-        gdc_wait()
+    [SPLIT_K, M, N]."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
@@ -77,8 +72,6 @@ def _skinny_gemm(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, M, N, K, S1, S2,
             acc += tl.dot(x, w, out_dtype=tl.float32)
         else:  # a few rows: multiply and add over K on the CUDA cores
             acc += tl.sum(x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1)
-    if PDL:
-        gdc_launch_dependents()
     keep = (rm[:, None] < M) & (rn[None, :] < N)
     if SPLIT_K == 1:
         if HAS_BIAS:
@@ -94,17 +87,13 @@ def _skinny_gemm(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, M, N, K, S1, S2,
 @triton.jit
 def _add_partials(part_ptr, bias_ptr, res_ptr, y_ptr, M, N, S1, S2, stride_rm,
                   HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, SPLIT_K: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
-    if PDL:  # as in _skinny_gemm
-        gdc_wait()
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     rm = tl.arange(0, BLOCK_M)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     keep = (rm[:, None] < M) & (rn[None, :] < N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for s in range(SPLIT_K):  # a fixed order: the same bits every run
         acc += tl.load(part_ptr + s * M * N + rm[:, None] * N + rn[None, :], mask=keep, other=0.0)
-    if PDL:
-        gdc_launch_dependents()
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     if HAS_RES:
@@ -114,16 +103,13 @@ def _add_partials(part_ptr, bias_ptr, res_ptr, y_ptr, M, N, S1, S2, stride_rm,
 
 def skinny_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                   residual: torch.Tensor | None = None, config: GemmConfig = GemmConfig(),
-                  segments: tuple[int, ...] = (), pdl: bool = False) -> Any:
+                  segments: tuple[int, ...] = ()) -> Any:
     """``x @ w (+ bias) (+ residual)`` for ``x`` [M, K] with M <= 16 and ``w`` [K, N] (any
     strides: a transposed ``nn.Linear`` weight is ``weight.t()``); the result has ``x``'s dtype.
     With ``segments`` (at most 3 widths adding up to N; sibling weights concatenated along N)
     the result is a list of contiguous [M, width] tensors, one per segment, written in place
     by the kernel (views of one buffer: no split, no copy). An absent bias or residual is given
-    the kernel as ``w`` (never read: its flag is off), so no launch reads and writes a buffer.
-    ``pdl`` (sm_90 and newer only: ``griddepcontrol`` is sm_90's): each launch is a programmatic
-    dependent launch (Triton's ``launch_pdl``) that waits for the launch before it before
-    reading anything, so it may be scheduled while that one drains."""
+    the kernel as ``w`` (never read: its flag is off), so no launch reads and writes a buffer."""
     M, K = x.shape
     K2, N = w.shape
     if K2 != K or not 1 <= M <= MAX_ROWS:
@@ -146,13 +132,13 @@ def skinny_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = 
     _skinny_gemm[(triton.cdiv(N, config.block_n), split)](
         x, w, b, res, out, M, N, K, s1, s2, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
         res.stride(0) if has_res else 0, HAS_BIAS=has_bias, HAS_RES=has_res, BLOCK_M=block_m,
-        BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split, PDL=pdl, num_warps=config.num_warps,
-        num_stages=config.num_stages, launch_pdl=pdl)
+        BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split, num_warps=config.num_warps,
+        num_stages=config.num_stages)
     if split > 1:
         _add_partials[(triton.cdiv(N, 128),)](
             out, bias if has_bias else out, residual if has_res else out, y, M, N, s1, s2,
             res.stride(0) if has_res else 0, HAS_BIAS=has_bias, HAS_RES=has_res, SPLIT_K=split,
-            BLOCK_M=MAX_ROWS, BLOCK_N=128, PDL=pdl, launch_pdl=pdl)
+            BLOCK_M=MAX_ROWS, BLOCK_N=128)
     if not segments:
         return y.view(M, N)
     starts = [0, *itertools.accumulate(segments)][:-1]
@@ -228,19 +214,18 @@ _TUNED: dict[tuple, GemmConfig] = {}
 
 
 def tune(rows: int, weight: torch.Tensor, bias: torch.Tensor | None = None,
-         room: int = SHARED_BYTES[90], pdl: bool = False) -> GemmConfig:
+         room: int = SHARED_BYTES[90]) -> GemmConfig:
     """The fastest of :func:`candidates`, then of the best one's :func:`deeper` variants, whose
     tiles fit ``room`` bytes of shared memory (and this GPU's) for ``F.linear`` with ``rows``
     rows and ``weight`` [N, K] on its GPU, the split-K's second launch included (timed by
     ``triton.testing``; once per (N, K, dtype, bias, GPU, room) in a process; a config the
-    compiler finds out of resources is skipped; launched with ``pdl`` as the model will launch
-    it). Without a GPU: the table's config."""
+    compiler finds out of resources is skipped). Without a GPU: the table's config."""
     n, k = weight.shape
     if not weight.is_cuda:
         return table_config(n, k, room)
     room = min(room, torch.cuda.get_device_properties(weight.device).shared_memory_per_block_optin)
     first = table_config(n, k, room)
-    key = (n, k, weight.dtype, bias is not None, torch.cuda.get_device_name(weight.device), room, pdl)
+    key = (n, k, weight.dtype, bias is not None, torch.cuda.get_device_name(weight.device), room)
     if key not in _TUNED:
         x = torch.randn(rows, k, dtype=weight.dtype, device=weight.device)
         w = weight.t()
@@ -251,7 +236,7 @@ def tune(rows: int, weight: torch.Tensor, bias: torch.Tensor | None = None,
                 if shared_bytes(c) > room:
                     continue
                 try:
-                    times[c] = triton.testing.do_bench(lambda c=c: skinny_matmul(x, w, bias, config=c, pdl=pdl),
+                    times[c] = triton.testing.do_bench(lambda c=c: skinny_matmul(x, w, bias, config=c),
                                                        warmup=5, rep=20)
                 except triton.runtime.errors.OutOfResources:  # registers or shared memory
                     continue
@@ -265,17 +250,17 @@ def tune(rows: int, weight: torch.Tensor, bias: torch.Tensor | None = None,
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            config: GemmConfig | None = None, segments: tuple[int, ...] = (),
-           residual: torch.Tensor | None = None, pdl: bool = False) -> Any:
+           residual: torch.Tensor | None = None) -> Any:
     """``F.linear(x, weight, bias)`` (``x @ weight.T + bias``) for x's rows (all dims but the
     last, flattened) <= 16, on the tensor cores with fp32 accumulation, with ``config`` (by
     default :func:`table_config`'s). With ``segments`` (see :func:`skinny_matmul`): one
     contiguous result per segment, each shaped like x with the segment's width last. With
     ``residual`` (shaped like the result, last dim contiguous): ``F.linear(...) + residual``,
-    bit for bit, in one launch. ``pdl``: see :func:`skinny_matmul`."""
+    bit for bit, in one launch."""
     K, N = x.shape[-1], weight.shape[0]
     res = None if residual is None else residual.reshape(-1, N)
     y = skinny_matmul(x.reshape(-1, K), weight.t(), bias, res, config=config or table_config(N, K),
-                      segments=segments, pdl=pdl)
+                      segments=segments)
     if not segments:
         return y.view(*x.shape[:-1], N)
     return [part.view(*x.shape[:-1], n) for part, n in zip(y, segments)]
