@@ -156,8 +156,14 @@ def test_a_kernel_text_naming_something_not_triton_is_refused():
     source = next(iter(ir.kernels.values())).source
     odd = source.model_copy(update={"qualname": "nowhere_module.add_kernel",
                                     "callees": {**source.callees, "os": "os.system"}})
-    with pytest.raises(KernelSourceError, match="is not Triton's"):
-        jit_from_ir(odd, {})
+    for _ in range(2):  # the second call as the first: a failed rebuild leaves nothing cached
+        with pytest.raises(KernelSourceError, match="is not Triton's"):
+            jit_from_ir(odd, {})
+    # a name of Triton's modules that this Triton does not define: said as such, one line
+    gone = source.model_copy(update={"qualname": "nowhere_module.add_kernel",
+                                     "callees": {**source.callees, "tl_gone": "triton.language.no_such_op"}})
+    with pytest.raises(KernelSourceError, match=r"^triton\.language\.no_such_op is not defined by this Triton"):
+        jit_from_ir(gone, {})
 
 
 def test_the_summary_names_the_outputs_the_graph_returns():

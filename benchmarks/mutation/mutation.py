@@ -39,14 +39,40 @@ def _all() -> dict[str, int | None]:
     return codes
 
 
-def sample(n: int, seed: int = 0, since: str | None = None, until: str = "HEAD") -> list[str]:
+def sample(n: int, seed: int = 0, since: str | None = None, until: str = "HEAD",
+           added_lines: bool = False) -> list[str]:
     """``n`` mutants drawn uniformly (``seed``); with ``since`` (a date or commit) only from
-    functions with a line added or changed from then to ``until`` (``git diff`` of the sources)."""
+    functions with a line added or changed from then to ``until`` (``git diff`` of the sources);
+    with ``added_lines`` also only mutants of such a line (a change that touches a long function
+    in one line: its other mutants say nothing of the change, and each may run a thousand tests)."""
     names = sorted(_all())
     if since is not None:
         touched = _touched_functions(since, until)
         names = [m for m in names if _function_of(m) in touched]
+        if added_lines:
+            added = _added_lines(since, until)
+            names = [m for m in names if set(_mutated_lines(m)) & added]
     return sorted(random.Random(seed).sample(names, min(n, len(names))))
+
+
+def _added_lines(since: str, until: str) -> set[str]:
+    """The text (stripped) of every line of src/*.py added from ``since`` to ``until``."""
+    diff = subprocess.run(["git", "diff", "-U0", since, until, "--", "src"], cwd=ROOT,
+                          capture_output=True, text=True, check=True).stdout
+    out, path = set(), None
+    for line in diff.splitlines():
+        if line.startswith("+++ "):
+            path = line[6:]
+        elif line.startswith("+") and path and path.endswith(".py") and line[1:].strip():
+            out.add(line[1:].strip())
+    return out
+
+
+def _mutated_lines(name: str) -> list[str]:
+    """The original lines (stripped) a mutant changes, from ``mutmut show``."""
+    proc = subprocess.run([sys.executable, "-m", "mutmut", "show", name], capture_output=True,
+                          text=True, cwd=ROOT)
+    return [l[1:].strip() for l in proc.stdout.splitlines() if l.startswith("-") and not l.startswith("---")]
 
 
 def _function_of(name: str) -> tuple[str, str]:
@@ -231,14 +257,16 @@ def collect(names_file: Path) -> dict:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "sample":  # sample N [SEED] [--since DATE|COMMIT] [--until COMMIT]
-        args = sys.argv[2:]
+    if sys.argv[1] == "sample":  # sample N [SEED] [--since DATE|COMMIT] [--until COMMIT] [--added-lines]
+        args = [a for a in sys.argv[2:] if a != "--added-lines"]
         flags = {f: args[args.index(f) + 1] for f in ("--since", "--until") if f in args}
         plain = [a for i, a in enumerate(args) if a not in flags and a not in flags.values()]
         print("\n".join(sample(int(plain[0]), int(plain[1]) if len(plain) > 1 else 0,
-                               flags.get("--since"), flags.get("--until", "HEAD"))))
-    elif sys.argv[1] == "run":  # run NAMES: each mutant in a process of its own (see run)
-        run(Path(sys.argv[2]))
+                               flags.get("--since"), flags.get("--until", "HEAD"),
+                               "--added-lines" in sys.argv)))
+    elif sys.argv[1] == "run":  # run NAMES [--timeout S]: each mutant in a process of its own (see run)
+        args = sys.argv[2:]
+        run(Path(args[0]), timeout=int(args[args.index("--timeout") + 1]) if "--timeout" in args else 900)
     elif sys.argv[1] == "collect":  # collect NAMES [OUT.json]
         result = collect(Path(sys.argv[2]))
         out = Path(sys.argv[3]) if len(sys.argv) > 3 else HERE / "results.json"

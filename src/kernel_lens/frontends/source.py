@@ -231,16 +231,20 @@ def jit_from_ir(source: SourceInfo, helpers: dict[str, SourceInfo]) -> Any:
     linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
     namespace: dict[str, Any] = {"__name__": source.qualname.rpartition(".")[0] or "kernel_lens_ir"}
     _rebuilt[key] = None  # a helper calling itself (recursion is refused by Triton anyway)
-    for name, target in source.callees.items():
-        head, _, attr = name.partition(".")
-        value = _callee(target, helpers)
-        if attr:  # `module.fn`: the module's namespace, as far as the kernel uses it
-            holder = namespace.setdefault(head, types.SimpleNamespace())
-            if isinstance(holder, types.SimpleNamespace):
-                setattr(holder, attr, value)
-        else:
-            namespace[name] = value
-    exec(compile(tree, filename, "exec"), namespace)  # noqa: S102 (see the docstring)
+    try:
+        for name, target in source.callees.items():
+            head, _, attr = name.partition(".")
+            value = _callee(target, helpers)
+            if attr:  # `module.fn`: the module's namespace, as far as the kernel uses it
+                holder = namespace.setdefault(head, types.SimpleNamespace())
+                if isinstance(holder, types.SimpleNamespace):
+                    setattr(holder, attr, value)
+            else:
+                namespace[name] = value
+        exec(compile(tree, filename, "exec"), namespace)  # noqa: S102 (see the docstring)
+    except BaseException:
+        del _rebuilt[key]  # not a function that was made: the next call fails as this one did
+        raise
     fn = namespace[defs[0].name]
     jit = importlib.import_module("triton").jit(fn)
     _rebuilt[key] = jit
