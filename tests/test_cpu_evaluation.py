@@ -149,6 +149,23 @@ def test_a_folder_runs_in_a_process_that_never_imported_the_model(tmp_path):
     assert proc.returncode != 0 and "does not match its recorded hash" in proc.stderr
 
 
+def test_a_kernel_is_rebuilt_from_its_ir_text_in_this_process_and_runs():
+    """A kernel no module of this process defines is made from the IR's text (what a folder
+    evaluated elsewhere does, shown in-process here), once, and computes what the original does."""
+    from kernel_lens.frontends.capture.recorder import interpret_launch
+    from kernel_lens.frontends.source import jit_from_ir
+
+    ir = model_ir(TOY)
+    source = next(k.source for k in ir.kernels.values() if k.name == "add_kernel")
+    elsewhere = source.model_copy(update={"qualname": "nowhere_module.add_kernel"})
+    jit = jit_from_ir(elsewhere, {})
+    assert jit.fn.__name__ == "add_kernel" and jit.fn.__module__ == "nowhere_module"
+    assert jit_from_ir(elsewhere, {}) is jit
+    x, y, out = torch.randn(300), torch.randn(300), torch.zeros(300)
+    interpret_launch(jit, (x, y, out, 300), {"BLOCK_SIZE": 128}, (3, 1, 1))
+    assert torch.equal(out, x + y)
+
+
 def test_a_kernel_text_naming_something_not_triton_is_refused():
     from kernel_lens.frontends.source import jit_from_ir
 
