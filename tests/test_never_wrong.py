@@ -254,3 +254,12 @@ def test_the_graph_picks_the_right_piece_at_the_top_and_bottom_of_each_box():
                 assert torch.equal(y, (10.0 + k) * x), (k, sizes)
                 tried.append(sizes)
     assert {"rows": 47, "n": 64} in tried  # the top of the piece below rows == 48
+
+
+def test_a_size_without_an_upper_bound_stays_unbounded_across_its_pieces():
+    """A Dim with no max, split at 2 (sizes 0 and 1 alone): the top-level symbol has no max
+    either, not the sentinel the pieces are cut with."""
+    ir = kl.compile(never_wrong.Stateless(), (torch.randn(4, 8),), arch=90,
+                    dynamic_shapes={"x": {0: torch.export.Dim("rows", min=1)}}).ir
+    assert len(ir.pieces) == 2 and ir.pieces[0].when[0].ranges["rows"] == (1, 1)
+    assert ir.symbols["rows"].min == 1 and ir.symbols["rows"].max is None
