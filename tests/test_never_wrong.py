@@ -263,3 +263,16 @@ def test_a_size_without_an_upper_bound_stays_unbounded_across_its_pieces():
                     dynamic_shapes={"x": {0: torch.export.Dim("rows", min=1)}}).ir
     assert len(ir.pieces) == 2 and ir.pieces[0].when[0].ranges["rows"] == (1, 1)
     assert ir.symbols["rows"].min == 1 and ir.symbols["rows"].max is None
+
+
+def test_a_constexpr_differing_at_an_end_is_found_for_a_launch_without_variants():
+    """A launch whose IR lists no variants (``dispatch`` empty, valid IR: the launch's own
+    kernel runs): its kernel's constexprs are still compared with the trace at the end."""
+    graph = kl.compile(never_wrong.Stateless(), (torch.randn(4, 8),), arch=90,
+                       dynamic_shapes={"x": {0: torch.export.Dim("rows", min=2, max=64)}}).ir
+    assert not graph.pieces
+    graph.launches[0].dispatch = []
+    assert difference(graph, graph.model_copy(deep=True)) is None
+    other = graph.model_copy(deep=True)
+    next(p for p in other.kernels[other.launches[0].kernel].params if p.name == "BLOCK").constexpr_value = 32
+    assert "constexpr 'BLOCK' is 32 there, 64 in the piece" in difference(graph, other)
