@@ -171,7 +171,7 @@ def resolve_jit(source: SourceInfo, *, import_modules: bool = False) -> Any:
 
 
 # --- a kernel rebuilt from the IR's text (the CPU evaluation of an artifact folder) -----------
-_rebuilt: dict[tuple[str, str, str, int], Any] = {}
+_rebuilt: dict[tuple, Any] = {}  # (identity, callees) -> the function made from the text
 
 
 def _callee(target: str, helpers: dict[str, SourceInfo]) -> Any:
@@ -207,7 +207,7 @@ def jit_from_ir(source: SourceInfo, helpers: dict[str, SourceInfo]) -> Any:
         return resolve_jit(source)
     except KernelSourceError:
         pass
-    key = _identity(source)
+    key = (*_identity(source), tuple(sorted(source.callees.items())))  # what the text's names resolve to
     if key in _rebuilt:
         return _rebuilt[key]
     if hashlib.sha256(source.text.encode()).hexdigest() != source.source_hash:
