@@ -9,6 +9,7 @@ from sympy.printing.str import StrPrinter
 
 from .archs import names as arch_names
 from .errors import printable
+from .ir.kernel import LAUNCH_FLAGS
 from .ir import (ConstArg, DTypeValue, GraphIR, JitValue, Launch, ListArg, SymArg, TorchOp,
                  TupleValue, ValueArg, parse)
 
@@ -85,7 +86,7 @@ def _graph_lines(ir: GraphIR) -> list[str]:
         opts = k.options
         tune = f"  autotune={opts.autotune_config} ({opts.autotune_choice})" if opts.autotune_config else ""
         out.append(f"  {k.id}: {k.source.qualname}  ({k.source.file}:{k.source.line})")
-        launch = "".join(f" {f}=True" for f in ("launch_pdl", "launch_cooperative_grid") if opts.extra.get(f))
+        launch = "".join(f" {f}=True" for f in LAUNCH_FLAGS if opts.extra.get(f))
         out.append(f"    num_warps={opts.num_warps} num_stages={opts.num_stages} "
                    f"num_ctas={opts.num_ctas}{launch}{tune}")
         for p in k.leaves():

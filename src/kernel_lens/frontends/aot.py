@@ -41,6 +41,7 @@ from .. import progress
 from pydantic import ValidationError
 
 from ..ir import AbiParam, DType, KernelBinary, KernelIR, KernelParam, ParamKind, Specialization, TmaMeta
+from ..ir.kernel import LAUNCH_FLAGS
 from ..toolchain import entry_cache
 from ..toolchain.ptx_isa import parse_ptx_version
 from . import arguments
@@ -121,9 +122,9 @@ def ptx_entry_param_count(ptx: str, entry: str) -> int:
 _CACHE_SCHEMA = "kernel_lens.aot/3"
 # What a cache entry keeps of Triton's CompiledKernel: the assembly and the metadata we read.
 _MD_FIELDS = ("name", "num_warps", "num_ctas", "shared", "global_scratch_size", "global_scratch_align",
-              "profile_scratch_size", "profile_scratch_align", "launch_pdl", "launch_cooperative_grid")
+              "profile_scratch_size", "profile_scratch_align", *LAUNCH_FLAGS)
 _MD_DEFAULTS = {"profile_scratch_size": 0, "profile_scratch_align": 1,  # older Tritons lack them
-                "launch_pdl": False, "launch_cooperative_grid": False}
+                **dict.fromkeys(LAUNCH_FLAGS, False)}
 
 
 def _triton_install() -> list:
@@ -277,7 +278,6 @@ def compile_binary(kernel: KernelIR, arch: int, assumptions: dict[str, Specializ
         profile_scratch_align=getattr(md, "profile_scratch_align", 1),
         tensordesc_meta=None if tma is None else [None if m is None else TmaMeta.model_validate(m)
                                                   for m in tma],
-        launch_pdl=bool(getattr(md, "launch_pdl", False)),
-        launch_cooperative_grid=bool(getattr(md, "launch_cooperative_grid", False)),
+        **{flag: bool(getattr(md, flag, False)) for flag in LAUNCH_FLAGS},
         triton_version=triton.__version__,
     )

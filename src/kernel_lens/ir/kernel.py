@@ -328,7 +328,7 @@ class KernelIR(_Model):
                                      f"descriptor {p.name!r} of rank {p.rank}")
             for abi in b.abi:
                 _check_abi(where, leaves, tma, abi)
-            for flag in _LAUNCH_FLAGS:  # a launch without them would not be the kernel's launch
+            for flag in LAUNCH_FLAGS:  # a launch without them would not be the kernel's launch
                 if getattr(b, flag) != bool(self.options.extra.get(flag, False)):
                     raise ValueError(f"{where}: {flag}={getattr(b, flag)} but the kernel was compiled "
                                      f"with {flag}={self.options.extra.get(flag, False)}")
@@ -358,7 +358,7 @@ def _runtime_param(kernel: KernelIR, leaves: dict, name: str, field: str) -> Ker
 
 _SCRATCH = ("global_scratch", "profile_scratch")
 #: Triton's compile options that change how a binary is launched (cuLaunchKernelEx attributes)
-_LAUNCH_FLAGS = ("launch_pdl", "launch_cooperative_grid")
+LAUNCH_FLAGS = ("launch_pdl", "launch_cooperative_grid")
 
 
 def _check_abi(where: str, leaves: dict, tma: dict, abi: AbiParam) -> None:
