@@ -19,7 +19,7 @@ from kernel_lens.errors import InputError, KernelLensError, KernelSourceError
 from kernel_lens.ir import DType, GraphIR
 from kernel_lens.runtime.interpreted import LaunchNode, LaunchRefused, poison, to_numpy, to_torch
 
-from conftest import EXAMPLES, ROOT, eager_on_cpu, load_module, model_ir
+from conftest import CORPUS, EXAMPLES, ROOT, eager_on_cpu, flatten, load_module, model_ir
 
 TOY = EXAMPLES / "toy_two_kernels.py"
 
@@ -149,6 +149,26 @@ def test_a_folder_runs_in_a_process_that_never_imported_the_model(tmp_path):
     assert proc.returncode != 0 and "does not match its recorded hash" in proc.stderr
 
 
+@pytest.mark.parametrize("name", ["helper_call", "arg_launch_attrs"])
+def test_a_folder_whose_kernels_call_helpers_or_triton_names_runs_in_a_fresh_process(name, tmp_path):
+    """@triton.jit helpers of one file, and functions imported by name from triton.language,
+    rebuilt from the IR's text in a process that never imported the model: eager's values."""
+    path = CORPUS / f"{name}.py"
+    module = load_module(path)
+    CompiledModel(model_ir(path)).write(tmp_path / "folder")
+    torch.save(tuple(module.example_inputs), tmp_path / "inputs.pt")
+    script = ("import json, sys, torch, kernel_lens as kl\n"
+              f"assert {name!r} not in sys.modules\n"
+              "out = kl.load(sys.argv[1]).run(*torch.load(sys.argv[2]))\n"
+              "out = [out] if isinstance(out, torch.Tensor) else out\n"
+              "print(json.dumps([t.tolist() for t in out]))\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "folder"), str(tmp_path / "inputs.pt")],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    want = flatten(eager_on_cpu(module.model, module.example_inputs))
+    assert json.loads(proc.stdout.splitlines()[-1]) == [t.tolist() for t in want]
+
+
 def test_a_kernel_is_rebuilt_from_its_ir_text_in_this_process_and_runs():
     """A kernel no module of this process defines is made from the IR's text (what a folder
     evaluated elsewhere does, shown in-process here), once, and computes what the original does."""
@@ -164,6 +184,48 @@ def test_a_kernel_is_rebuilt_from_its_ir_text_in_this_process_and_runs():
     x, y, out = torch.randn(300), torch.randn(300), torch.zeros(300)
     interpret_launch(jit, (x, y, out, 300), {"BLOCK_SIZE": 128}, (3, 1, 1))
     assert torch.equal(out, x + y)
+
+
+def _elsewhere(source):
+    """The kernel's text as a folder evaluated in another process has it: no module of this
+    process defines it or the @triton.jit helpers it names."""
+    return source.model_copy(update={
+        "qualname": "elsewhere." + source.qualname,
+        "callees": {n: t.replace("jit:", "jit:elsewhere.") for n, t in source.callees.items()}})
+
+
+def test_a_kernel_calling_jit_helpers_is_rebuilt_with_its_helpers_from_their_text():
+    from kernel_lens.frontends.capture.recorder import interpret_launch
+    from kernel_lens.frontends.source import jit_from_ir
+
+    kernel = next(k for k in model_ir(CORPUS / "helper_call.py").kernels.values()
+                  if k.name == "add_accumulate_kernel")
+    helpers = {h.qualname: h for h in map(_elsewhere, kernel.helpers)}
+    jit = jit_from_ir(_elsewhere(kernel.source), helpers)
+    load_tile = jit.fn.__globals__["_load_tile"]
+    assert load_tile.fn.__module__ == "elsewhere.helper_call"  # rebuilt, not this process's
+    assert load_tile is jit_from_ir(helpers["elsewhere.helper_call._load_tile"], helpers)
+    x, y = torch.randn(300), torch.randn(300)
+    out, acc = torch.zeros(300), x.clone()
+    interpret_launch(jit, (x, y, out, acc, 300), {"BLOCK_SIZE": 64}, (5, 1, 1))
+    assert torch.equal(out, x + y) and torch.equal(acc, x + (x + y))
+
+
+def test_a_kernel_naming_functions_imported_from_triton_language_is_rebuilt_from_text():
+    """``from triton.language.extra.cuda import gdc_wait``: the name resolves to Triton's own
+    function when the text is rebuilt, and the kernel runs."""
+    from kernel_lens.frontends.capture.recorder import interpret_launch
+    from kernel_lens.frontends.source import jit_from_ir
+
+    kernel = next(k for k in model_ir(CORPUS / "arg_launch_attrs.py").kernels.values()
+                  if k.name == "affine_kernel")
+    jit = jit_from_ir(_elsewhere(kernel.source), {})
+    from triton.language.extra.cuda import gdc_wait
+
+    assert jit.fn.__module__ == "elsewhere.arg_launch_attrs" and jit.fn.__globals__["gdc_wait"] is gdc_wait
+    x, y = torch.randn(300), torch.zeros(300)
+    interpret_launch(jit, (x, y, 300, 2.0, 1.0), {"BLOCK": 128}, (3, 1, 1))
+    assert torch.equal(y, x * 2.0 + 1.0)
 
 
 def test_a_kernel_text_naming_something_not_triton_is_refused():

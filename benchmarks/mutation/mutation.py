@@ -19,6 +19,7 @@ before the fixes.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
@@ -69,10 +70,33 @@ def _added_lines(since: str, until: str) -> set[str]:
 
 
 def _mutated_lines(name: str) -> list[str]:
-    """The original lines (stripped) a mutant changes, from ``mutmut show``."""
-    proc = subprocess.run([sys.executable, "-m", "mutmut", "show", name], capture_output=True,
-                          text=True, cwd=ROOT)
-    return [l[1:].strip() for l in proc.stdout.splitlines() if l.startswith("-") and not l.startswith("---")]
+    """The original lines (stripped) a mutant changes: its function's text against the original's
+    in mutmut's generated file (what ``mutmut show`` prints, without a process per mutant)."""
+    import difflib
+
+    module, _, fn = name.rpartition(".")
+    functions = _mutant_functions(module)
+    original = functions.get(fn.rsplit("__mutmut_", 1)[0] + "__mutmut_orig", [])
+    mutant = functions.get(fn, [])
+    return [l[1:].strip() for l in difflib.unified_diff(original[1:], mutant[1:], lineterm="", n=0)
+            if l.startswith("-") and not l.startswith("---")]
+
+
+@functools.cache
+def _mutant_functions(module: str) -> dict[str, list[str]]:
+    """Every function (methods too) of mutmut's copy of ``module``: name -> its lines."""
+    import ast
+
+    path = MUTANTS / "src" / (module.replace(".", "/") + ".py")
+    if not path.exists():
+        path = path.with_suffix("") / "__init__.py"
+    text = path.read_text()
+    lines = text.splitlines()
+    out = {}
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and "__mutmut_" in node.name:
+            out[node.name] = lines[node.lineno - 1:node.end_lineno]
+    return out
 
 
 def _function_of(name: str) -> tuple[str, str]:

@@ -184,7 +184,7 @@ def _callee(target: str, helpers: dict[str, SourceInfo]) -> Any:
                                     f"among the kernel's helpers in the IR; recompile the model")
         return jit_from_ir(helpers[name], helpers)
     module, _, attr = target.rpartition(".")
-    if target.startswith("triton.language") and importlib.util.find_spec(target) is not None:
+    if target.startswith("triton.language") and _is_module(target):
         return importlib.import_module(target)  # a module: triton.language, its extra.libdevice
     if not module.startswith("triton.language"):
         raise KernelSourceError(f"name {target!r} in a kernel's callees is not Triton's")
@@ -192,6 +192,13 @@ def _callee(target: str, helpers: dict[str, SourceInfo]) -> Any:
     if value is None:
         raise KernelSourceError(f"{target} is not defined by this Triton ({tl.__name__})")
     return value
+
+
+def _is_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a name inside a module that is not a package (`gdc.gdc_wait`)
+        return False
 
 
 def jit_from_ir(source: SourceInfo, helpers: dict[str, SourceInfo]) -> Any:
@@ -225,11 +232,17 @@ def jit_from_ir(source: SourceInfo, helpers: dict[str, SourceInfo]) -> Any:
     defs[0].decorator_list = []  # @triton.jit is applied below; a library's own decorators are not run
     # Line numbers as in the user's file, under a name that says where the text came from (the
     # interpreter reads the function's lines back through linecache, as inspect does).
-    filename = f"{source.file} (kernel text from the IR)"
+    # One name per text: Triton's interpreter reads the lines back at every call, and helpers of one
+    # file (or two versions of it) must not overwrite each other's lines.
+    filename = f"{source.file} (kernel text from the IR, {source.source_hash[:12]})"
     ast.increment_lineno(tree, max(source.line, 1) - 1)
     lines = ["\n"] * (max(source.line, 1) - 1) + source.text.splitlines(keepends=True)
     linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
-    namespace: dict[str, Any] = {"__name__": source.qualname.rpartition(".")[0] or "kernel_lens_ir"}
+    namespace: dict[str, Any] = {"__name__": source.qualname.rpartition(".")[0] or "kernel_lens_ir",
+                                 # Triton's interpreter patches the triton.language its function's
+                                 # globals hold; a helper's module imports it even when its text
+                                 # never names it
+                                 "__kernel_lens_triton_language__": tl}
     _rebuilt[key] = None  # a helper calling itself (recursion is refused by Triton anyway)
     try:
         for name, target in source.callees.items():
