@@ -228,6 +228,33 @@ def test_a_kernel_naming_functions_imported_from_triton_language_is_rebuilt_from
     assert torch.equal(y, x * 2.0 + 1.0)
 
 
+def test_a_kernel_calling_a_helper_through_its_module_is_rebuilt_from_text():
+    """``ops.twice(x)`` with ``ops`` a plain module: the IR names the callee ``ops.twice``; the
+    rebuilt kernel reaches it through a namespace ``ops`` holding what the kernel uses."""
+    import hashlib
+
+    from kernel_lens.frontends.capture.recorder import interpret_launch
+    from kernel_lens.frontends.source import jit_from_ir
+    from kernel_lens.ir import SourceInfo
+
+    def info(qualname, line, text, callees):
+        return SourceInfo(qualname=qualname, file=f"/elsewhere/{qualname.split('.')[1]}.py", line=line,
+                          source_hash=hashlib.sha256(text.encode()).hexdigest(), text=text, callees=callees)
+
+    helper = info("elsewhere.ops.twice", 3, "@triton.jit\ndef twice(x):\n    return x * 2 + 1\n",
+                  {"triton": "triton"})
+    kernel = info("elsewhere.model.twice_kernel", 7,
+                  "@triton.jit\ndef twice_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):\n"
+                  "    offs = tl.arange(0, BLOCK)\n"
+                  "    tl.store(out_ptr + offs, ops.twice(tl.load(x_ptr + offs)))\n",
+                  {"tl": "triton.language", "triton": "triton", "ops.twice": "jit:elsewhere.ops.twice"})
+    jit = jit_from_ir(kernel, {helper.qualname: helper})
+    assert jit.fn.__globals__["ops"].twice is jit_from_ir(helper, {})
+    x, out = torch.randn(16), torch.zeros(16)
+    interpret_launch(jit, (x, out), {"BLOCK": 16}, (1, 1, 1))
+    assert torch.equal(out, x * 2 + 1)
+
+
 def test_a_kernel_text_naming_something_not_triton_is_refused():
     from kernel_lens.frontends.source import jit_from_ir
 
