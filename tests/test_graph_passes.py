@@ -79,6 +79,8 @@ def test_sibling_matmuls_become_one_matmul_and_a_split_with_the_same_results():
                                                                     if t.data_type == TensorProto.INT64}}
     split = next(n for n in fused.graph.node if n.op_type == "Split")
     assert list(split.output) == ["m0", "m1", "m2"]  # the products keep their names
+    matmul = next(n for n in fused.graph.node if n.op_type == "MatMul")
+    assert split.name.endswith(".fused_split") and matmul.name and matmul.name != split.name  # named for dump-ir
     x = np.random.default_rng(1).standard_normal((3, 1, 32)).astype(np.float32)
     for a, b in zip(_run(model, {"x": x}), _run(fused, {"x": x})):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
