@@ -196,3 +196,40 @@ def test_a_difference_where_the_model_runs_its_own_kernels_names_them_and_the_wa
     assert bad.problem.startswith("not within") and "own kernels (_skinny_gemm: optimize=2)" in bad.problem
     assert "--opt-level 1" in bad.problem
     assert own_kernels_note(model_ir(EXAMPLES / "toy_two_kernels.py")) == ""
+
+
+def test_a_cpu_report_names_each_output_and_says_how_its_values_were_compared():
+    module = load_module(EXAMPLES / "toy_two_kernels.py")
+    compiled = CompiledModel(model_ir(EXAMPLES / "toy_two_kernels.py"))
+    report = verify(module.model, module.example_inputs, module.dynamic_shapes, compiled, ["x", "y"])
+    assert report.ok and all([o.name for o in s.outputs] == compiled.ir.outputs for s in report.sets)
+    text = report.text()
+    assert f"      {compiled.ir.outputs[0]} [1000] float32: max abs 0, max rel 0, bit-exact" in text
+    assert ("not checked: the compiled kernels (cubins) and timings: values were compared by evaluating "
+            "the compiled graph on the CPU, each launch in Triton's interpreter; run verify on a GPU "
+            "for the binaries themselves") in text
+
+
+def test_nan_in_the_same_places_passes_a_tolerance_and_a_nan_for_a_number_does_not():
+    from kernel_lens.verify import _judged
+
+    want = torch.tensor([float("nan"), 1.0, 2.0])
+    near = torch.tensor([float("nan"), 1.0 + 1e-6, 2.0])
+    within = _judged("y", near, want, (1e-5, 1e-5))
+    assert not within.problem and 0 < within.max_abs < 1e-5 and within.max_rel < 1e-5  # NaN = NaN: 0 apart
+    assert _judged("y", near, want, None).problem.startswith("not bit-exact")
+    number = _judged("y", torch.tensor([0.0, 1.0, 2.0]), want, (1e-5, 1e-5))
+    assert "not within the tolerance" in number.problem and number.max_abs == number.max_rel == float("inf")
+    exact = _judged("y", want.clone(), want, None)
+    assert exact.exact and not exact.problem and exact.max_abs == exact.max_rel == 0.0
+    inf = torch.tensor([float("inf"), -1.0])
+    assert _judged("y", inf.clone(), inf, None).max_abs == 0.0  # the same infinity
+
+
+def test_a_launch_result_with_nan_where_eager_has_nan_differs_by_nothing():
+    from kernel_lens.verify_launches import compare_written
+
+    want = torch.tensor([float("nan"), 1.0, float("-inf")])
+    assert compare_written("out_ptr", want.clone(), want).max_abs == 0.0
+    assert compare_written("out_ptr", torch.tensor([0.0, 1.0, float("-inf")]), want).max_abs == float("inf")
+    assert compare_written("out_ptr", torch.tensor([float("nan"), 1.5, float("-inf")]), want).max_abs == 0.5

@@ -33,7 +33,7 @@ from .ir import GraphIR
 from .kernels import is_own_kernel
 from .model_file import load_model_file
 from .runtime.signature import CallSignature, torch_dtype
-from .verify_launches import LaunchCheck, compare_launches, same_bytes
+from .verify_launches import LaunchCheck, compare_launches, differences, same_bytes
 
 MAX_SIZE = 4096  # the largest size verify runs by default (a declared max of 2**20 is capped)
 
@@ -197,10 +197,9 @@ def _compare(name: str, got: torch.Tensor, want: torch.Tensor) -> OutputCheck:
     if got.shape != want.shape or got.dtype != want.dtype:
         check.problem = f"eager gives {list(want.shape)} {want.dtype}"
         return check
-    g, w = got.detach().double().cpu(), want.detach().double().cpu()
-    diff = (g - w).abs().nan_to_num(nan=float("inf")) if g.numel() else torch.zeros(1)
+    diff, rel = differences(got, want)
     check.max_abs = float(diff.max()) if diff.numel() else 0.0
-    check.max_rel = float((diff / w.abs().clamp_min(1e-12)).max()) if diff.numel() else 0.0
+    check.max_rel = float(rel.max()) if rel.numel() else 0.0
     check.exact = same_bytes(got, want)
     return check
 

@@ -129,9 +129,19 @@ def compare_written(param: str, root: torch.Tensor | None, want: torch.Tensor | 
         return check
     view = flat.as_strided(want.shape, want.stride(), want.storage_offset()) if want.numel() else want
     check.exact = same_bytes(view, want)
-    diff = (view.double() - want.double()).abs().nan_to_num(nan=float("inf"))
+    diff, _ = differences(view, want)
     check.max_abs = float(diff.max()) if diff.numel() else 0.0
     return check
+
+
+def differences(got: torch.Tensor, want: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Absolute and relative differences, element by element (float64, on the CPU): 0 where the
+    values are equal (NaN where both are NaN, the same infinity), inf for a NaN against a number."""
+    g, w = got.detach().double().cpu(), want.detach().double().cpu()
+    same = (g == w) | (g.isnan() & w.isnan())
+    diff = torch.where(same, 0.0, (g - w).abs().nan_to_num(nan=float("inf")))
+    rel = torch.where(same, 0.0, (diff / w.abs().clamp_min(1e-12)).nan_to_num(nan=float("inf")))
+    return diff, rel
 
 
 def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
