@@ -222,6 +222,8 @@ def test_nan_in_the_same_places_passes_a_tolerance_and_a_nan_for_a_number_does_n
     assert "not within the tolerance" in number.problem and number.max_abs == number.max_rel == float("inf")
     exact = _judged("y", want.clone(), want, None)
     assert exact.exact and not exact.problem and exact.max_abs == exact.max_rel == 0.0
+    half = _judged("y", torch.tensor([2.0, float("nan")]), torch.tensor([4.0, float("nan")]), None)
+    assert (half.max_abs, half.max_rel) == (2.0, 0.5)  # relative to eager's value
     inf = torch.tensor([float("inf"), -1.0])
     assert _judged("y", inf.clone(), inf, None).max_abs == 0.0  # the same infinity
 
