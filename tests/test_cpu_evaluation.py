@@ -255,6 +255,32 @@ def test_a_kernel_calling_a_helper_through_its_module_is_rebuilt_from_text():
     assert torch.equal(out, x * 2 + 1)
 
 
+@pytest.mark.parametrize("text, callees, message", [
+    ("@triton.jit\ndef k(x_ptr:\n    pass\n", {}, r"^kernel elsewhere\.m\.k: its text in the IR does not parse \(.*, line 2\)"),
+    ("@triton.jit\ndef k(x_ptr):\n    pass\n\ndef other():\n    pass\n", {},
+     r"^kernel elsewhere\.m\.k: its text in the IR is not one function definition"),
+    ("x = 1\n", {}, r"is not one function definition"),
+    ("import os\n@triton.jit\ndef k(x_ptr):\n    pass\n", {}, r"is not one function definition"),
+    ("@triton.jit\ndef k(x_ptr):\n    helper(x_ptr)\n", {"helper": "jit:elsewhere.m.helper"},
+     r"^@triton\.jit function elsewhere\.m\.helper is called but its source is not among the kernel's "
+     r"helpers in the IR; recompile the model"),
+])
+def test_a_kernel_text_that_is_not_one_resolvable_function_is_refused_in_one_line(text, callees, message):
+    """Texts whose hash is right (an IR written by hand, or another tool) but that cannot be a
+    kernel: refused naming the kernel, every time (nothing cached by a failed rebuild)."""
+    import hashlib
+
+    from kernel_lens.frontends.source import jit_from_ir
+    from kernel_lens.ir import SourceInfo
+
+    source = SourceInfo(qualname="elsewhere.m.k", file="/elsewhere/m.py", line=1, text=text, callees=callees,
+                        source_hash=hashlib.sha256(text.encode()).hexdigest())
+    for _ in range(2):
+        with pytest.raises(KernelSourceError, match=message) as err:
+            jit_from_ir(source, {})
+        assert "\n" not in str(err.value)
+
+
 def test_a_kernel_text_naming_something_not_triton_is_refused():
     from kernel_lens.frontends.source import jit_from_ir
 
