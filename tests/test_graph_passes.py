@@ -373,3 +373,23 @@ def test_the_graph_passes_and_their_code_key_the_cached_lowering(monkeypatch):
         return data + b"\n# edited" if path.name == "graph_passes.py" else data
     monkeypatch.setattr(Path, "read_bytes", edited)
     assert lowering_key(ir, 23) != key
+
+
+@pytest.mark.parametrize("library", ["torch", "onnxscript", "onnx"])
+def test_the_versions_of_the_libraries_a_lowering_calls_key_the_cached_lowering(library, monkeypatch):
+    """torchlib's functions come from onnxscript and torch, the model from onnx: another version
+    of any of them lowers afresh instead of reusing an entry it might have lowered otherwise."""
+    import onnx
+
+    import kernel_lens.onnx.lower as lower
+
+    _, compiled = _sibling_pieces_ir()
+    key = lowering_key(compiled.ir, 23)
+    if library == "torch":
+        monkeypatch.setattr(torch, "__version__", torch.__version__ + "+other")
+    elif library == "onnx":
+        monkeypatch.setattr(onnx, "__version__", onnx.__version__ + ".1")
+    else:
+        real = lower.dist_version
+        monkeypatch.setattr(lower, "dist_version", lambda d: real(d) + ".1" if d == library else real(d))
+    assert lowering_key(compiled.ir, 23) != key
