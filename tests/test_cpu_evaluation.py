@@ -228,22 +228,26 @@ def test_a_kernel_naming_functions_imported_from_triton_language_is_rebuilt_from
     assert torch.equal(y, x * 2.0 + 1.0)
 
 
+def _text_source(qualname, line, text, callees):
+    """A kernel's SourceInfo as an IR written elsewhere holds it (file /elsewhere/<module>.py),
+    its hash the text's own."""
+    import hashlib
+
+    from kernel_lens.ir import SourceInfo
+
+    return SourceInfo(qualname=qualname, file=f"/elsewhere/{qualname.split('.')[1]}.py", line=line,
+                      source_hash=hashlib.sha256(text.encode()).hexdigest(), text=text, callees=callees)
+
+
 def test_a_kernel_calling_a_helper_through_its_module_is_rebuilt_from_text():
     """``ops.twice(x)`` with ``ops`` a plain module: the IR names the callee ``ops.twice``; the
     rebuilt kernel reaches it through a namespace ``ops`` holding what the kernel uses."""
-    import hashlib
-
     from kernel_lens.frontends.capture.recorder import interpret_launch
     from kernel_lens.frontends.source import jit_from_ir
-    from kernel_lens.ir import SourceInfo
 
-    def info(qualname, line, text, callees):
-        return SourceInfo(qualname=qualname, file=f"/elsewhere/{qualname.split('.')[1]}.py", line=line,
-                          source_hash=hashlib.sha256(text.encode()).hexdigest(), text=text, callees=callees)
-
-    helper = info("elsewhere.ops.twice", 3, "@triton.jit\ndef twice(x):\n    return x * 2 + 1\n",
+    helper = _text_source("elsewhere.ops.twice", 3, "@triton.jit\ndef twice(x):\n    return x * 2 + 1\n",
                   {"triton": "triton"})
-    kernel = info("elsewhere.model.twice_kernel", 7,
+    kernel = _text_source("elsewhere.model.twice_kernel", 7,
                   "@triton.jit\ndef twice_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):\n"
                   "    offs = tl.arange(0, BLOCK)\n"
                   "    tl.store(out_ptr + offs, ops.twice(tl.load(x_ptr + offs)))\n",
@@ -268,13 +272,9 @@ def test_a_kernel_calling_a_helper_through_its_module_is_rebuilt_from_text():
 def test_a_kernel_text_that_is_not_one_resolvable_function_is_refused_in_one_line(text, callees, message):
     """Texts whose hash is right (an IR written by hand, or another tool) but that cannot be a
     kernel: refused naming the kernel, every time (nothing cached by a failed rebuild)."""
-    import hashlib
-
     from kernel_lens.frontends.source import jit_from_ir
-    from kernel_lens.ir import SourceInfo
 
-    source = SourceInfo(qualname="elsewhere.m.k", file="/elsewhere/m.py", line=1, text=text, callees=callees,
-                        source_hash=hashlib.sha256(text.encode()).hexdigest())
+    source = _text_source("elsewhere.m.k", 1, text, callees)
     for _ in range(2):
         with pytest.raises(KernelSourceError, match=message) as err:
             jit_from_ir(source, {})

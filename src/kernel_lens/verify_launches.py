@@ -135,9 +135,10 @@ def compare_written(param: str, root: torch.Tensor | None, want: torch.Tensor | 
 
 
 def differences(got: torch.Tensor, want: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Absolute and relative differences, element by element (float64, on the CPU): 0 where the
-    values are equal (NaN where both are NaN, the same infinity), inf for a NaN against a number."""
-    g, w = got.detach().double().cpu(), want.detach().double().cpu()
+    """Absolute and relative differences, element by element (float64, on ``got``'s device: no
+    copy to the host): 0 where the values are equal (NaN where both are NaN, the same infinity),
+    inf for a NaN against a number."""
+    g, w = got.detach().double(), want.detach().to(got.device).double()
     same = (g == w) | (g.isnan() & w.isnan())
     diff = torch.where(same, 0.0, (g - w).abs().nan_to_num(nan=float("inf")))
     rel = torch.where(same, 0.0, (diff / w.abs().clamp_min(1e-12)).nan_to_num(nan=float("inf")))
